@@ -1,0 +1,199 @@
+"""Every key string of the table is built here, and nowhere else."""
+
+from __future__ import annotations
+
+import hashlib
+
+from store.port import Key
+
+
+def user(user_id: str) -> Key:
+    return (f"USER#{user_id}", "PROFILE")
+
+
+def user_pk(user_id: str) -> str:
+    return f"USER#{user_id}"
+
+
+def user_family(user_id: str, family_id: str) -> Key:
+    return (f"USER#{user_id}", f"FAMILY#{family_id}")
+
+
+USER_FAMILY_PREFIX = "FAMILY#"
+
+
+def invite_guesses(user_id: str) -> Key:
+    return (f"USER#{user_id}", "INVITE_GUESSES")
+
+
+def family(family_id: str) -> Key:
+    return (f"FAMILY#{family_id}", "META")
+
+
+def family_pk(family_id: str) -> str:
+    return f"FAMILY#{family_id}"
+
+
+def member(family_id: str, user_id: str) -> Key:
+    return (f"FAMILY#{family_id}", f"MEMBER#{user_id}")
+
+
+MEMBER_PREFIX = "MEMBER#"
+
+
+def member_sk(user_id: str) -> str:
+    return f"MEMBER#{user_id}"
+
+
+def vouch(family_id: str, user_id: str, voucher_id: str) -> Key:
+    return (f"FAMILY#{family_id}", f"VOUCH#{user_id}#{voucher_id}")
+
+
+def vouch_prefix(user_id: str) -> str:
+    return f"VOUCH#{user_id}#"
+
+
+def invite(code: str) -> Key:
+    return (f"INVITE#{code}", "META")
+
+
+# Content ----------------------------------------------------------------------
+
+
+def content(content_id: str) -> Key:
+    return (f"CONTENT#{content_id}", "META")
+
+
+def content_pk(content_id: str) -> str:
+    return f"CONTENT#{content_id}"
+
+
+def feed_gsi1(family_id: str, created_at: str, content_id: str) -> tuple[str, str]:
+    return (f"FAMILY#{family_id}", f"CONTENT#{created_at}#{content_id}")
+
+
+FEED_PREFIX = "CONTENT#"
+
+
+def comment(content_id: str, created_at: str, comment_id: str) -> Key:
+    return (f"CONTENT#{content_id}", f"COMMENT#{created_at}#{comment_id}")
+
+
+COMMENT_PREFIX = "COMMENT#"
+
+
+def reaction(content_id: str, emoji: str, user_id: str) -> Key:
+    return (f"CONTENT#{content_id}", f"REACTION#{emoji}#{user_id}")
+
+
+REACTION_PREFIX = "REACTION#"
+
+
+def reactor(content_id: str, user_id: str) -> Key:
+    """One item per (content, user) listing that user's emojis, so a feed page
+    answers `viewerReactions` with point reads instead of a query per content."""
+    return (f"CONTENT#{content_id}", f"REACTOR#{user_id}")
+
+
+def content_tags(content_id: str) -> Key:
+    """A summary of every tag on one content, kept by setTags in its transaction."""
+    return (f"CONTENT#{content_id}", "TAGS")
+
+
+# Capsules ---------------------------------------------------------------------
+
+
+def capsule(capsule_id: str) -> Key:
+    return (f"CAPSULE#{capsule_id}", "META")
+
+
+def capsule_pk(capsule_id: str) -> str:
+    return f"CAPSULE#{capsule_id}"
+
+
+def capsule_gsi1(creator_id: str, created_at: str, capsule_id: str) -> tuple[str, str]:
+    return (f"USER#{creator_id}", f"CAPSULE#{created_at}#{capsule_id}")
+
+
+CAPSULE_PREFIX = "CAPSULE#"
+
+
+def unlock_day_shard(day: str, shard: int) -> str:
+    return f"UNLOCK#{day}#{shard}"
+
+
+def unlock_shard_of(capsule_id: str, shards: int) -> int:
+    # A stable hash (not Python's salted hash) so every process agrees.
+    return int.from_bytes(hashlib.sha1(capsule_id.encode()).digest()[:4], "big") % shards
+
+
+def capsule_gsi2(unlock_date: str, capsule_id: str, shards: int) -> tuple[str, str]:
+    day = unlock_date[:10]
+    return (unlock_day_shard(day, unlock_shard_of(capsule_id, shards)), f"{unlock_date}#{capsule_id}")
+
+
+def recipient(capsule_id: str, user_id: str) -> Key:
+    return (f"CAPSULE#{capsule_id}", f"RECIPIENT#{user_id}")
+
+
+RECIPIENT_PREFIX = "RECIPIENT#"
+
+
+def recipient_gsi1(user_id: str, unlock_date: str, capsule_id: str) -> tuple[str, str]:
+    return (f"USER#{user_id}", f"RECEIVED#{unlock_date}#{capsule_id}")
+
+
+RECEIVED_PREFIX = "RECEIVED#"
+
+
+def unlock_checkpoint() -> Key:
+    return ("SCHEDULER", "UNLOCK_CHECKPOINT")
+
+
+# Notifications ----------------------------------------------------------------
+
+
+def notification(user_id: str, created_at: str, notification_id: str) -> Key:
+    return (f"USER#{user_id}", f"NOTIF#{created_at}#{notification_id}")
+
+
+NOTIFICATION_PREFIX = "NOTIF#"
+
+
+def notification_id_of(sk: str) -> str:
+    return sk.rsplit("#", 1)[1]
+
+
+# Tags -------------------------------------------------------------------------
+
+
+def tag(author_id: str, content_id: str, normalized: str) -> Key:
+    return (f"TAG#{author_id}#{content_id}", f"VALUE#{normalized}")
+
+
+def tag_pk(author_id: str, content_id: str) -> str:
+    return f"TAG#{author_id}#{content_id}"
+
+
+def tag_gsi1(family_id: str, normalized: str, content_id: str, author_id: str) -> tuple[str, str]:
+    return (f"TAGS#{family_id}", f"{normalized}#{content_id}#{author_id}")
+
+
+def tag_search_pk(family_id: str) -> str:
+    return f"TAGS#{family_id}"
+
+
+def tag_gsi2(author_id: str, normalized: str, content_id: str) -> tuple[str, str]:
+    return (f"TAGUSER#{author_id}", f"{normalized}#{content_id}")
+
+
+def my_tags_pk(author_id: str) -> str:
+    return f"TAGUSER#{author_id}"
+
+
+def tagset_any(family_id: str, set_name: str) -> Key:
+    return (f"TAGSET#{family_id}#{set_name}", "ANY")
+
+
+def tagset_user(family_id: str, set_name: str, user_id: str) -> Key:
+    return (f"TAGSET#{family_id}#{set_name}", f"USER#{user_id}")

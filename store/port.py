@@ -1,0 +1,221 @@
+"""The table port: the only way code above `store/` reaches storage.
+
+Items are plain dicts of attribute name to value (str, int, float, bool, None,
+list, dict). Every item has `PK` and `SK`; it is in GSI1 (or GSI2) only when it
+has both `GSI1PK` and `GSI1SK` (or `GSI2PK` and `GSI2SK`), as in DynamoDB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias
+
+Item: TypeAlias = dict[str, Any]
+Key: TypeAlias = tuple[str, str]
+Index: TypeAlias = Literal["table", "GSI1", "GSI2"]
+
+INDEX_KEYS: dict[str, tuple[str, str]] = {
+    "table": ("PK", "SK"),
+    "GSI1": ("GSI1PK", "GSI1SK"),
+    "GSI2": ("GSI2PK", "GSI2SK"),
+}
+
+CompareOp = Literal["=", "<>", "<", "<=", ">", ">="]
+SortOp = Literal["=", "<", "<=", ">", ">=", "begins_with", "between"]
+
+
+# Conditions ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Exists:
+    """The item (or, with `attr`, one attribute of it) is present."""
+
+    attr: str = "PK"
+
+
+@dataclass(frozen=True)
+class NotExists:
+    """The item (or, with `attr`, one attribute of it) is absent."""
+
+    attr: str = "PK"
+
+
+@dataclass(frozen=True)
+class Compare:
+    attr: str
+    op: CompareOp
+    value: Any
+
+
+@dataclass(frozen=True)
+class In:
+    attr: str
+    values: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class And:
+    conditions: tuple[Condition, ...]
+
+
+@dataclass(frozen=True)
+class Or:
+    conditions: tuple[Condition, ...]
+
+
+Condition: TypeAlias = Exists | NotExists | Compare | In | And | Or
+
+
+def eq(attr: str, value: Any) -> Compare:
+    return Compare(attr, "=", value)
+
+
+def all_of(*conditions: Condition) -> And:
+    return And(tuple(conditions))
+
+
+def any_of(*conditions: Condition) -> Or:
+    return Or(tuple(conditions))
+
+
+# Key conditions for queries ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SortKey:
+    op: SortOp
+    value: str
+    upper: str | None = None  # only for "between", inclusive like DynamoDB
+
+    @classmethod
+    def begins_with(cls, prefix: str) -> SortKey:
+        return cls("begins_with", prefix)
+
+    @classmethod
+    def between(cls, low: str, high: str) -> SortKey:
+        return cls("between", low, high)
+
+
+@dataclass(frozen=True)
+class Page:
+    items: list[Item]
+    # Opaque; pass it back as `cursor` to continue. None when nothing is left.
+    cursor: str | None
+
+
+# Writes -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Update:
+    """SET, REMOVE and ADD on one item, as a DynamoDB UpdateItem does."""
+
+    key: Key
+    set: Mapping[str, Any] = field(default_factory=dict)
+    remove: Sequence[str] = ()
+    add: Mapping[str, int] = field(default_factory=dict)
+    condition: Condition | None = None
+
+
+@dataclass(frozen=True)
+class Put:
+    item: Item
+    condition: Condition | None = None
+
+
+@dataclass(frozen=True)
+class Delete:
+    key: Key
+    condition: Condition | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    key: Key
+    condition: Condition
+
+
+WriteOp: TypeAlias = Put | Update | Delete | Check
+
+
+def op_key(op: WriteOp) -> Key:
+    if isinstance(op, Put):
+        return (op.item["PK"], op.item["SK"])
+    return op.key
+
+
+# Errors -----------------------------------------------------------------------
+
+
+class StoreError(Exception):
+    pass
+
+
+class ConditionFailed(StoreError):
+    def __init__(self, key: Key) -> None:
+        super().__init__(f"condition failed on {key[0]} / {key[1]}")
+        self.key = key
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    index: int
+    key: Key
+    reason: str  # "ConditionalCheckFailed", "TransactionConflict", ...
+
+
+class TransactionCancelled(StoreError):
+    def __init__(self, reasons: Sequence[Cancellation]) -> None:
+        self.reasons = list(reasons)
+        failed = ", ".join(f"#{r.index} {r.key[0]}/{r.key[1]}: {r.reason}" for r in self.reasons)
+        super().__init__(f"transaction cancelled ({failed})")
+
+    @property
+    def failed_keys(self) -> list[Key]:
+        return [r.key for r in self.reasons]
+
+    def failed_on(self, key: Key) -> bool:
+        return any(r.key == key for r in self.reasons)
+
+
+class InvalidCursor(StoreError):
+    pass
+
+
+MAX_TRANSACTION_ITEMS = 100
+
+
+class Table(Protocol):
+    """What every storage adapter offers. All reads are strongly consistent on
+    the table and eventually consistent on the GSIs, as in DynamoDB."""
+
+    async def get(self, key: Key) -> Item | None: ...
+
+    async def batch_get(self, keys: Sequence[Key]) -> dict[Key, Item]: ...
+
+    async def query(
+        self,
+        pk: str,
+        sk: SortKey | None = None,
+        *,
+        index: Index = "table",
+        descending: bool = False,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page: ...
+
+    async def put(self, item: Item, condition: Condition | None = None) -> None: ...
+
+    async def update(self, update: Update) -> Item: ...
+
+    async def delete(self, key: Key, condition: Condition | None = None) -> Item | None: ...
+
+    async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None: ...
+
+    async def transact(self, ops: Sequence[WriteOp]) -> None: ...
+
+    async def ping(self) -> None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,274 @@
+"""The embedded engine: one SQLite file with DynamoDB's item, index and
+condition semantics, so a fresh clone runs with nothing else installed.
+
+Calls run on the event loop thread: each is a few local page reads or one
+short write transaction, cheaper than a hop to a worker thread. Writes take
+SQLite's write lock up front (BEGIN IMMEDIATE), so a condition is checked and
+its write made with no other writer in between, across processes too.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from store.expressions import apply_update, cursor_for, decode_cursor, matches
+from store.port import (
+    MAX_TRANSACTION_ITEMS,
+    Cancellation,
+    Check,
+    Condition,
+    ConditionFailed,
+    Delete,
+    Index,
+    InvalidCursor,
+    Item,
+    Key,
+    Page,
+    Put,
+    SortKey,
+    StoreError,
+    TransactionCancelled,
+    Update,
+    WriteOp,
+    op_key,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS items (
+    pk TEXT NOT NULL, sk TEXT NOT NULL,
+    gsi1pk TEXT, gsi1sk TEXT, gsi2pk TEXT, gsi2sk TEXT,
+    body TEXT NOT NULL,
+    PRIMARY KEY (pk, sk)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS gsi1 ON items (gsi1pk, gsi1sk, pk, sk) WHERE gsi1pk IS NOT NULL;
+CREATE INDEX IF NOT EXISTS gsi2 ON items (gsi2pk, gsi2sk, pk, sk) WHERE gsi2pk IS NOT NULL;
+"""
+
+_COLUMNS: dict[str, tuple[str, str]] = {
+    "table": ("pk", "sk"),
+    "GSI1": ("gsi1pk", "gsi1sk"),
+    "GSI2": ("gsi2pk", "gsi2sk"),
+}
+_SQL_OPS = {"=": "=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
+
+
+def _index_values(item: Item, pk_name: str, sk_name: str) -> tuple[str | None, str | None]:
+    # Sparse, as in DynamoDB: in the index only with both key attributes.
+    pk, sk = item.get(pk_name), item.get(sk_name)
+    if isinstance(pk, str) and isinstance(sk, str):
+        return pk, sk
+    return None, None
+
+
+def _validate(item: Item) -> None:
+    if not isinstance(item.get("PK"), str) or not isinstance(item.get("SK"), str):
+        raise StoreError("an item needs string PK and SK")
+    for name in ("GSI1PK", "GSI1SK", "GSI2PK", "GSI2SK"):
+        if name in item and not isinstance(item[name], str):
+            raise StoreError(f"{name} must be a string")
+
+
+class SqliteTable:
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    # Reads --------------------------------------------------------------------
+
+    def _read(self, key: Key) -> Item | None:
+        row = self._db.execute("SELECT body FROM items WHERE pk = ? AND sk = ?", key).fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    async def get(self, key: Key) -> Item | None:
+        return self._read(key)
+
+    async def batch_get(self, keys: Sequence[Key]) -> dict[Key, Item]:
+        found: dict[Key, Item] = {}
+        unique = list(dict.fromkeys(keys))
+        # SQLite caps bound parameters; 400 keys is 800, well under it.
+        for start in range(0, len(unique), 400):
+            chunk = unique[start : start + 400]
+            placeholders = ",".join("(?, ?)" for _ in chunk)
+            params = [part for key in chunk for part in key]
+            rows = self._db.execute(
+                f"SELECT pk, sk, body FROM items WHERE (pk, sk) IN (VALUES {placeholders})", params
+            ).fetchall()
+            for pk, sk, body in rows:
+                found[(pk, sk)] = dict(json.loads(body))
+        return found
+
+    async def query(
+        self,
+        pk: str,
+        sk: SortKey | None = None,
+        *,
+        index: Index = "table",
+        descending: bool = False,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page:
+        pk_col, sk_col = _COLUMNS[index]
+        where = [f"{pk_col} = ?"]
+        params: list[Any] = [pk]
+        if sk is not None:
+            if sk.op == "begins_with":
+                where.append(f"substr({sk_col}, 1, ?) = ?")
+                params += [len(sk.value), sk.value]
+            elif sk.op == "between":
+                where.append(f"{sk_col} BETWEEN ? AND ?")
+                params += [sk.value, sk.upper]
+            else:
+                where.append(f"{sk_col} {_SQL_OPS[sk.op]} ?")
+                params.append(sk.value)
+        order_cols = [sk_col, "pk", "sk"] if index != "table" else ["sk"]
+        if cursor is not None:
+            position = decode_cursor(cursor, index)
+            if position[_index_pk_name(index)] != pk:
+                raise InvalidCursor("the cursor belongs to another partition")
+            after = [position[_attr_of(col, index)] for col in order_cols]
+            cmp = "<" if descending else ">"
+            where.append(f"({', '.join(order_cols)}) {cmp} ({', '.join('?' for _ in after)})")
+            params += after
+        direction = "DESC" if descending else "ASC"
+        sql = (
+            f"SELECT body FROM items WHERE {' AND '.join(where)} "
+            f"ORDER BY {', '.join(f'{c} {direction}' for c in order_cols)}"
+        )
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit + 1)
+        rows = self._db.execute(sql, params).fetchall()
+        items = [dict(json.loads(row[0])) for row in rows]
+        next_cursor = None
+        if limit is not None and len(items) > limit:
+            items = items[:limit]
+            next_cursor = cursor_for(items[-1], index)
+        return Page(items, next_cursor)
+
+    # Writes -------------------------------------------------------------------
+
+    def _write(self, key: Key, item: Item | None) -> None:
+        if item is None:
+            self._db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", key)
+            return
+        _validate(item)
+        g1 = _index_values(item, "GSI1PK", "GSI1SK")
+        g2 = _index_values(item, "GSI2PK", "GSI2SK")
+        self._db.execute(
+            "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, gsi2pk, gsi2sk, body) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (item["PK"], item["SK"], *g1, *g2, json.dumps(item, ensure_ascii=False)),
+        )
+
+    def _begin(self) -> None:
+        self._db.execute("BEGIN IMMEDIATE")
+
+    def _check(self, key: Key, current: Item | None, condition: Condition | None) -> None:
+        if condition is not None and not matches(condition, current):
+            raise ConditionFailed(key)
+
+    async def put(self, item: Item, condition: Condition | None = None) -> None:
+        _validate(item)
+        key = (item["PK"], item["SK"])
+        self._begin()
+        try:
+            self._check(key, self._read(key), condition)
+            self._write(key, item)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    async def update(self, update: Update) -> Item:
+        self._begin()
+        try:
+            current = self._read(update.key)
+            self._check(update.key, current, update.condition)
+            new = apply_update(current, update)
+            self._write(update.key, new)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        return new
+
+    async def delete(self, key: Key, condition: Condition | None = None) -> Item | None:
+        self._begin()
+        try:
+            current = self._read(key)
+            self._check(key, current, condition)
+            self._write(key, None)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+        return current
+
+    async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
+        for item in puts:
+            _validate(item)
+        self._begin()
+        try:
+            for item in puts:
+                self._write((item["PK"], item["SK"]), item)
+            for key in deletes:
+                self._write(key, None)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    async def transact(self, ops: Sequence[WriteOp]) -> None:
+        if not ops:
+            return
+        if len(ops) > MAX_TRANSACTION_ITEMS:
+            raise StoreError(f"a transaction holds at most {MAX_TRANSACTION_ITEMS} items")
+        op_keys = [op_key(op) for op in ops]
+        if len(set(op_keys)) != len(op_keys):
+            raise StoreError("a transaction may touch each item only once")
+        self._begin()
+        try:
+            currents = [self._read(key) for key in op_keys]
+            failed = [
+                Cancellation(i, key, "ConditionalCheckFailed")
+                for i, (op, key, current) in enumerate(zip(ops, op_keys, currents, strict=True))
+                if op.condition is not None and not matches(op.condition, current)
+            ]
+            if failed:
+                raise TransactionCancelled(failed)
+            for op, key, current in zip(ops, op_keys, currents, strict=True):
+                if isinstance(op, Put):
+                    self._write(key, op.item)
+                elif isinstance(op, Update):
+                    self._write(key, apply_update(current, op))
+                elif isinstance(op, Delete):
+                    self._write(key, None)
+                elif not isinstance(op, Check):
+                    raise TypeError(f"unknown write {op!r}")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    async def ping(self) -> None:
+        self._db.execute("SELECT 1").fetchone()
+
+    async def close(self) -> None:
+        self._db.close()
+
+
+def _index_pk_name(index: Index) -> str:
+    return {"table": "PK", "GSI1": "GSI1PK", "GSI2": "GSI2PK"}[index]
+
+
+def _attr_of(column: str, index: Index) -> str:
+    return {"pk": "PK", "sk": "SK", "gsi1sk": "GSI1SK", "gsi2sk": "GSI2SK"}[column]
