@@ -1,0 +1,40 @@
+"""The GraphQL schema: Strawberry types that wrap store items and delegate to
+`resolvers/`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import strawberry
+from strawberry.extensions import MaxAliasesLimiter, MaxTokensLimiter, QueryDepthLimiter
+
+from schema.errors import ContractErrors
+from schema.mutation import Mutation
+from schema.query import Query
+
+MAX_DEPTH = 12
+MAX_ALIASES = 30
+MAX_TOKENS = 5000
+
+
+class MiFamiliasSchema(strawberry.Schema):
+    def process_errors(self, errors: Any, execution_context: Any = None) -> None:
+        # ContractErrors logs what is unexpected, with the request id; the
+        # rest (bad input, refusals) is the client's business, not a log line.
+        return None
+
+
+def build_schema() -> strawberry.Schema:
+    return MiFamiliasSchema(
+        query=Query,
+        mutation=Mutation,
+        extensions=[
+            ContractErrors,
+            QueryDepthLimiter(max_depth=MAX_DEPTH),
+            MaxAliasesLimiter(max_alias_count=MAX_ALIASES),
+            MaxTokensLimiter(max_token_count=MAX_TOKENS),
+        ],
+    )
+
+
+schema = build_schema()

@@ -23,6 +23,7 @@ from store.port import (
     NotExists,
     Or,
     SortKey,
+    StoreError,
     Update,
 )
 
@@ -47,7 +48,9 @@ def matches(condition: Condition, item: Item | None) -> bool:
             return condition.op == "<>"
         value = item[condition.attr]
         if condition.op in ("=", "<>"):
-            return _COMPARE[condition.op](value, condition.value)
+            # DynamoDB types are distinct: true is not 1.
+            same = value == condition.value and (type(value) is bool) == (type(condition.value) is bool)
+            return same if condition.op == "=" else not same
         if value is None or type(value) is bool or isinstance(value, (list, dict)):
             return False
         try:
@@ -55,7 +58,10 @@ def matches(condition: Condition, item: Item | None) -> bool:
         except TypeError:
             return False
     if isinstance(condition, In):
-        return item is not None and condition.attr in item and item[condition.attr] in condition.values
+        if item is None or condition.attr not in item:
+            return False
+        value = item[condition.attr]
+        return any(value == v and (type(value) is bool) == (type(v) is bool) for v in condition.values)
     if isinstance(condition, And):
         return all(matches(c, item) for c in condition.conditions)
     if isinstance(condition, Or):
@@ -70,7 +76,10 @@ def apply_update(item: Item | None, update: Update) -> Item:
     for name in update.remove:
         result.pop(name, None)
     for name, delta in update.add.items():
-        result[name] = int(result.get(name) or 0) + delta
+        current = result.get(name, 0)
+        if isinstance(current, bool) or not isinstance(current, (int, float)):
+            raise StoreError(f"ADD needs a number in {name}")
+        result[name] = current + delta
     return result
 
 
@@ -102,8 +111,10 @@ def decode_cursor(cursor: str, index: Index) -> dict[str, str]:
     except (ValueError, binascii.Error, UnicodeDecodeError) as error:
         raise InvalidCursor("the cursor is not one this store made") from error
     names = {"PK", "SK", *INDEX_KEYS[index]}
-    if not isinstance(position, dict) or set(position) != names or not all(
-        isinstance(v, str) for v in position.values()
+    if (
+        not isinstance(position, dict)
+        or set(position) != names
+        or not all(isinstance(v, str) for v in position.values())
     ):
         raise InvalidCursor("the cursor is not one this store made")
     return position

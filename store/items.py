@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from store import keys
-from store.port import Item, Key
+from store.port import Item, Key, Update, eq
 
 
 def iso(moment: datetime) -> str:
@@ -43,16 +43,26 @@ class User:
     def to_item(self) -> Item:
         pk, sk = self.key
         return {
-            "PK": pk, "SK": sk, "type": "User", "id": self.id, "createdAt": self.created_at,
-            "email": self.email, "givenName": self.given_name, "familyName": self.family_name,
-            "profileImageUrl": self.profile_image_url, "onboardingComplete": self.onboarding_complete,
+            "PK": pk,
+            "SK": sk,
+            "type": "User",
+            "id": self.id,
+            "createdAt": self.created_at,
+            "email": self.email,
+            "givenName": self.given_name,
+            "familyName": self.family_name,
+            "profileImageUrl": self.profile_image_url,
+            "onboardingComplete": self.onboarding_complete,
         }
 
     @classmethod
     def from_item(cls, item: Item) -> User:
         return cls(
-            id=item["id"], created_at=item["createdAt"], email=_opt(item, "email"),
-            given_name=_opt(item, "givenName"), family_name=_opt(item, "familyName"),
+            id=item["id"],
+            created_at=item["createdAt"],
+            email=_opt(item, "email"),
+            given_name=_opt(item, "givenName"),
+            family_name=_opt(item, "familyName"),
             profile_image_url=_opt(item, "profileImageUrl"),
             onboarding_complete=bool(item.get("onboardingComplete", False)),
         )
@@ -75,18 +85,28 @@ class Family:
     def to_item(self) -> Item:
         pk, sk = self.key
         return {
-            "PK": pk, "SK": sk, "type": "Family", "id": self.id, "name": self.name,
-            "adminUserId": self.admin_user_id, "trustLevel": self.trust_level,
-            "vouchThreshold": self.vouch_threshold, "inviteCode": self.invite_code,
+            "PK": pk,
+            "SK": sk,
+            "type": "Family",
+            "id": self.id,
+            "name": self.name,
+            "adminUserId": self.admin_user_id,
+            "trustLevel": self.trust_level,
+            "vouchThreshold": self.vouch_threshold,
+            "inviteCode": self.invite_code,
             "createdAt": self.created_at,
         }
 
     @classmethod
     def from_item(cls, item: Item) -> Family:
         return cls(
-            id=item["id"], name=item["name"], admin_user_id=item["adminUserId"],
-            trust_level=item["trustLevel"], vouch_threshold=int(item["vouchThreshold"]),
-            invite_code=item["inviteCode"], created_at=item["createdAt"],
+            id=item["id"],
+            name=item["name"],
+            admin_user_id=item["adminUserId"],
+            trust_level=item["trustLevel"],
+            vouch_threshold=int(item["vouchThreshold"]),
+            invite_code=item["inviteCode"],
+            created_at=item["createdAt"],
         )
 
 
@@ -105,16 +125,24 @@ class Membership:
     def to_item(self) -> Item:
         pk, sk = self.key
         return {
-            "PK": pk, "SK": sk, "type": "Membership", "familyId": self.family_id,
-            "userId": self.user_id, "role": self.role, "joinedAt": self.joined_at,
+            "PK": pk,
+            "SK": sk,
+            "type": "Membership",
+            "familyId": self.family_id,
+            "userId": self.user_id,
+            "role": self.role,
+            "joinedAt": self.joined_at,
             "vouchScore": self.vouch_score,
         }
 
     @classmethod
     def from_item(cls, item: Item) -> Membership:
         return cls(
-            family_id=item["familyId"], user_id=item["userId"], role=item["role"],
-            joined_at=item["joinedAt"], vouch_score=int(item.get("vouchScore", 0)),
+            family_id=item["familyId"],
+            user_id=item["userId"],
+            role=item["role"],
+            joined_at=item["joinedAt"],
+            vouch_score=int(item.get("vouchScore", 0)),
         )
 
 
@@ -133,8 +161,12 @@ class UserFamily:
     def to_item(self) -> Item:
         pk, sk = self.key
         return {
-            "PK": pk, "SK": sk, "type": "UserFamily", "userId": self.user_id,
-            "familyId": self.family_id, "joinedAt": self.joined_at,
+            "PK": pk,
+            "SK": sk,
+            "type": "UserFamily",
+            "userId": self.user_id,
+            "familyId": self.family_id,
+            "joinedAt": self.joined_at,
         }
 
     @classmethod
@@ -156,15 +188,22 @@ class Vouch:
     def to_item(self) -> Item:
         pk, sk = self.key
         return {
-            "PK": pk, "SK": sk, "type": "Vouch", "familyId": self.family_id,
-            "userId": self.user_id, "voucherId": self.voucher_id, "createdAt": self.created_at,
+            "PK": pk,
+            "SK": sk,
+            "type": "Vouch",
+            "familyId": self.family_id,
+            "userId": self.user_id,
+            "voucherId": self.voucher_id,
+            "createdAt": self.created_at,
         }
 
     @classmethod
     def from_item(cls, item: Item) -> Vouch:
         return cls(
-            family_id=item["familyId"], user_id=item["userId"],
-            voucher_id=item["voucherId"], created_at=item["createdAt"],
+            family_id=item["familyId"],
+            user_id=item["userId"],
+            voucher_id=item["voucherId"],
+            created_at=item["createdAt"],
         )
 
 
@@ -202,16 +241,36 @@ class InviteGuesses:
     def to_item(self) -> Item:
         pk, sk = self.key
         return {
-            "PK": pk, "SK": sk, "type": "InviteGuesses", "userId": self.user_id,
-            "windowStart": self.window_start, "count": self.count, "blockedUntil": self.blocked_until,
+            "PK": pk,
+            "SK": sk,
+            "type": "InviteGuesses",
+            "userId": self.user_id,
+            "windowStart": self.window_start,
+            "count": self.count,
+            "blockedUntil": self.blocked_until,
         }
 
     @classmethod
     def from_item(cls, item: Item) -> InviteGuesses:
         return cls(
-            user_id=item["userId"], window_start=item["windowStart"], count=int(item["count"]),
+            user_id=item["userId"],
+            window_start=item["windowStart"],
+            count=int(item["count"]),
             blocked_until=_opt(item, "blockedUntil"),
         )
+
+
+IN_PIPELINE = ("PROCESSING", "TRANSCODING", "TRANSCRIBING")
+
+
+def _content_gsi2(content_id: str, status: str, since: str) -> dict[str, str]:
+    if status in IN_PIPELINE:
+        pk, sk = keys.pipeline_gsi2(since, content_id)
+    elif status in ("READY", "DELIVERED"):
+        pk, sk = keys.archive_gsi2(since, content_id)
+    else:
+        return {}
+    return {"GSI2PK": pk, "GSI2SK": sk}
 
 
 # Reaction counts are top-level attributes because DynamoDB's ADD works only there.
@@ -255,32 +314,68 @@ class Content:
     def to_item(self) -> Item:
         pk, sk = self.key
         item: Item = {
-            "PK": pk, "SK": sk, "type": "Content", "id": self.id, "familyId": self.family_id,
-            "authorId": self.author_id, "contentType": self.type, "status": self.status,
-            "mimeType": self.mime_type, "sizeBytes": self.size_bytes, "createdAt": self.created_at,
-            "title": self.title, "capsuleId": self.capsule_id, "s3Key": self.s3_key,
-            "mediaKey": self.media_key, "thumbnailKey": self.thumbnail_key,
-            "transcription": self.transcription, "failureReason": self.failure_reason,
-            "readyAt": self.ready_at, "commentCount": self.comment_count,
+            "PK": pk,
+            "SK": sk,
+            "type": "Content",
+            "id": self.id,
+            "familyId": self.family_id,
+            "authorId": self.author_id,
+            "contentType": self.type,
+            "status": self.status,
+            "mimeType": self.mime_type,
+            "sizeBytes": self.size_bytes,
+            "createdAt": self.created_at,
+            "title": self.title,
+            "capsuleId": self.capsule_id,
+            "s3Key": self.s3_key,
+            "mediaKey": self.media_key,
+            "thumbnailKey": self.thumbnail_key,
+            "transcription": self.transcription,
+            "failureReason": self.failure_reason,
+            "readyAt": self.ready_at,
+            "commentCount": self.comment_count,
         }
         item.update({reaction_attr(emoji): n for emoji, n in self.reactions.items()})
         if self.in_feed:
             item.update(self.feed_keys())
+        item.update(_content_gsi2(self.id, self.status, self.ready_at or self.created_at))
         return item
+
+    def transition(self, to: str, at: str, **changes: Any) -> Update:
+        """The conditional write of one state-machine move: it succeeds only
+        while the item is still in the state this record was read in."""
+        fields: dict[str, Any] = {"status": to, **changes}
+        remove: list[str] = []
+        ready_at = changes.get("readyAt", self.ready_at) or at
+        gsi2 = _content_gsi2(self.id, to, ready_at if to in ("READY", "DELIVERED") else at)
+        if gsi2:
+            fields.update(gsi2)
+        else:
+            remove = ["GSI2PK", "GSI2SK"]
+        return Update(self.key, set=fields, remove=remove, condition=eq("status", self.status))
 
     @classmethod
     def from_item(cls, item: Item) -> Content:
         return cls(
-            id=item["id"], family_id=item["familyId"], author_id=item["authorId"],
-            type=item["contentType"], status=item["status"], mime_type=item["mimeType"],
-            size_bytes=int(item["sizeBytes"]), created_at=item["createdAt"],
-            title=_opt(item, "title"), capsule_id=_opt(item, "capsuleId"),
-            s3_key=_opt(item, "s3Key"), media_key=_opt(item, "mediaKey"),
-            thumbnail_key=_opt(item, "thumbnailKey"), transcription=_opt(item, "transcription"),
-            failure_reason=_opt(item, "failureReason"), ready_at=_opt(item, "readyAt"),
+            id=item["id"],
+            family_id=item["familyId"],
+            author_id=item["authorId"],
+            type=item["contentType"],
+            status=item["status"],
+            mime_type=item["mimeType"],
+            size_bytes=int(item["sizeBytes"]),
+            created_at=item["createdAt"],
+            title=_opt(item, "title"),
+            capsule_id=_opt(item, "capsuleId"),
+            s3_key=_opt(item, "s3Key"),
+            media_key=_opt(item, "mediaKey"),
+            thumbnail_key=_opt(item, "thumbnailKey"),
+            transcription=_opt(item, "transcription"),
+            failure_reason=_opt(item, "failureReason"),
+            ready_at=_opt(item, "readyAt"),
             comment_count=int(item.get("commentCount", 0)),
             reactions={
-                name[len(REACTION_ATTR):]: int(n)
+                name[len(REACTION_ATTR) :]: int(n)
                 for name, n in item.items()
                 if name.startswith(REACTION_ATTR) and int(n) > 0
             },
@@ -303,15 +398,24 @@ class Comment:
     def to_item(self) -> Item:
         pk, sk = self.key
         return {
-            "PK": pk, "SK": sk, "type": "Comment", "contentId": self.content_id, "id": self.id,
-            "authorId": self.author_id, "body": self.body, "createdAt": self.created_at,
+            "PK": pk,
+            "SK": sk,
+            "type": "Comment",
+            "contentId": self.content_id,
+            "id": self.id,
+            "authorId": self.author_id,
+            "body": self.body,
+            "createdAt": self.created_at,
         }
 
     @classmethod
     def from_item(cls, item: Item) -> Comment:
         return cls(
-            content_id=item["contentId"], id=item["id"], author_id=item["authorId"],
-            body=item["body"], created_at=item["createdAt"],
+            content_id=item["contentId"],
+            id=item["id"],
+            author_id=item["authorId"],
+            body=item["body"],
+            created_at=item["createdAt"],
         )
 
 
@@ -329,14 +433,21 @@ class Reaction:
     def to_item(self) -> Item:
         pk, sk = self.key
         return {
-            "PK": pk, "SK": sk, "type": "Reaction", "contentId": self.content_id,
-            "emoji": self.emoji, "userId": self.user_id, "createdAt": self.created_at,
+            "PK": pk,
+            "SK": sk,
+            "type": "Reaction",
+            "contentId": self.content_id,
+            "emoji": self.emoji,
+            "userId": self.user_id,
+            "createdAt": self.created_at,
         }
 
     @classmethod
     def from_item(cls, item: Item) -> Reaction:
         return cls(
-            content_id=item["contentId"], emoji=item["emoji"], user_id=item["userId"],
+            content_id=item["contentId"],
+            emoji=item["emoji"],
+            user_id=item["userId"],
             created_at=item["createdAt"],
         )
 
@@ -365,13 +476,24 @@ class Capsule:
         pk, sk = self.key
         gsi1pk, gsi1sk = keys.capsule_gsi1(self.creator_id, self.created_at, self.id)
         item: Item = {
-            "PK": pk, "SK": sk, "type": "Capsule", "id": self.id, "familyId": self.family_id,
-            "creatorId": self.creator_id, "title": self.title, "unlockDate": self.unlock_date,
-            "status": self.status, "createdAt": self.created_at,
-            "recipientIds": list(self.recipient_ids), "contentId": self.content_id,
-            "notificationSent": self.notification_sent, "unlockedAt": self.unlocked_at,
-            "viewedAt": self.viewed_at, "creatorToldEmpty": self.creator_told_empty,
-            "GSI1PK": gsi1pk, "GSI1SK": gsi1sk,
+            "PK": pk,
+            "SK": sk,
+            "type": "Capsule",
+            "id": self.id,
+            "familyId": self.family_id,
+            "creatorId": self.creator_id,
+            "title": self.title,
+            "unlockDate": self.unlock_date,
+            "status": self.status,
+            "createdAt": self.created_at,
+            "recipientIds": list(self.recipient_ids),
+            "contentId": self.content_id,
+            "notificationSent": self.notification_sent,
+            "unlockedAt": self.unlocked_at,
+            "viewedAt": self.viewed_at,
+            "creatorToldEmpty": self.creator_told_empty,
+            "GSI1PK": gsi1pk,
+            "GSI1SK": gsi1sk,
         }
         if self.status in ("SCHEDULED", "LOCKED", "UNLOCKING"):
             item["GSI2PK"], item["GSI2SK"] = keys.capsule_gsi2(self.unlock_date, self.id, shards)
@@ -380,12 +502,18 @@ class Capsule:
     @classmethod
     def from_item(cls, item: Item) -> Capsule:
         return cls(
-            id=item["id"], family_id=item["familyId"], creator_id=item["creatorId"],
-            title=item["title"], unlock_date=item["unlockDate"], status=item["status"],
-            created_at=item["createdAt"], recipient_ids=tuple(item.get("recipientIds") or ()),
+            id=item["id"],
+            family_id=item["familyId"],
+            creator_id=item["creatorId"],
+            title=item["title"],
+            unlock_date=item["unlockDate"],
+            status=item["status"],
+            created_at=item["createdAt"],
+            recipient_ids=tuple(item.get("recipientIds") or ()),
             content_id=_opt(item, "contentId"),
             notification_sent=bool(item.get("notificationSent", False)),
-            unlocked_at=_opt(item, "unlockedAt"), viewed_at=_opt(item, "viewedAt"),
+            unlocked_at=_opt(item, "unlockedAt"),
+            viewed_at=_opt(item, "viewedAt"),
             creator_told_empty=bool(item.get("creatorToldEmpty", False)),
         )
 
@@ -408,9 +536,15 @@ class Recipient:
     def to_item(self) -> Item:
         pk, sk = self.key
         item: Item = {
-            "PK": pk, "SK": sk, "type": "Recipient", "capsuleId": self.capsule_id,
-            "userId": self.user_id, "unlockDate": self.unlock_date, "familyId": self.family_id,
-            "notifiedAt": self.notified_at, "viewedAt": self.viewed_at,
+            "PK": pk,
+            "SK": sk,
+            "type": "Recipient",
+            "capsuleId": self.capsule_id,
+            "userId": self.user_id,
+            "unlockDate": self.unlock_date,
+            "familyId": self.family_id,
+            "notifiedAt": self.notified_at,
+            "viewedAt": self.viewed_at,
         }
         if self.visible:
             item["GSI1PK"], item["GSI1SK"] = keys.recipient_gsi1(
@@ -421,9 +555,13 @@ class Recipient:
     @classmethod
     def from_item(cls, item: Item) -> Recipient:
         return cls(
-            capsule_id=item["capsuleId"], user_id=item["userId"], unlock_date=item["unlockDate"],
-            family_id=item["familyId"], notified_at=_opt(item, "notifiedAt"),
-            viewed_at=_opt(item, "viewedAt"), visible="GSI1PK" in item,
+            capsule_id=item["capsuleId"],
+            user_id=item["userId"],
+            unlock_date=item["unlockDate"],
+            family_id=item["familyId"],
+            notified_at=_opt(item, "notifiedAt"),
+            viewed_at=_opt(item, "viewedAt"),
+            visible="GSI1PK" in item,
         )
 
 
@@ -445,17 +583,29 @@ class Notification:
     def to_item(self) -> Item:
         pk, sk = self.key
         return {
-            "PK": pk, "SK": sk, "type": "Notification", "userId": self.user_id, "id": self.id,
-            "notificationType": self.type, "createdAt": self.created_at, "read": self.read,
-            "familyId": self.family_id, "contentId": self.content_id, "capsuleId": self.capsule_id,
+            "PK": pk,
+            "SK": sk,
+            "type": "Notification",
+            "userId": self.user_id,
+            "id": self.id,
+            "notificationType": self.type,
+            "createdAt": self.created_at,
+            "read": self.read,
+            "familyId": self.family_id,
+            "contentId": self.content_id,
+            "capsuleId": self.capsule_id,
         }
 
     @classmethod
     def from_item(cls, item: Item) -> Notification:
         return cls(
-            user_id=item["userId"], id=item["id"], type=item["notificationType"],
-            created_at=item["createdAt"], read=bool(item.get("read", False)),
-            family_id=_opt(item, "familyId"), content_id=_opt(item, "contentId"),
+            user_id=item["userId"],
+            id=item["id"],
+            type=item["notificationType"],
+            created_at=item["createdAt"],
+            read=bool(item.get("read", False)),
+            family_id=_opt(item, "familyId"),
+            content_id=_opt(item, "contentId"),
             capsule_id=_opt(item, "capsuleId"),
         )
 
@@ -479,10 +629,18 @@ class Tag:
     def to_item(self) -> Item:
         pk, sk = self.key
         item: Item = {
-            "PK": pk, "SK": sk, "type": "Tag", "authorId": self.author_id,
-            "contentId": self.content_id, "familyId": self.family_id, "value": self.value,
-            "normalized": self.normalized, "createdAt": self.created_at, "private": self.private,
-            "setName": self.set_name, "mimeType": self.mime_type,
+            "PK": pk,
+            "SK": sk,
+            "type": "Tag",
+            "authorId": self.author_id,
+            "contentId": self.content_id,
+            "familyId": self.family_id,
+            "value": self.value,
+            "normalized": self.normalized,
+            "createdAt": self.created_at,
+            "private": self.private,
+            "setName": self.set_name,
+            "mimeType": self.mime_type,
         }
         if not self.private:
             item["GSI1PK"], item["GSI1SK"] = keys.tag_gsi1(
@@ -494,8 +652,13 @@ class Tag:
     @classmethod
     def from_item(cls, item: Item) -> Tag:
         return cls(
-            author_id=item["authorId"], content_id=item["contentId"], family_id=item["familyId"],
-            value=item["value"], normalized=item["normalized"], created_at=item["createdAt"],
-            private=bool(item.get("private", False)), set_name=_opt(item, "setName"),
+            author_id=item["authorId"],
+            content_id=item["contentId"],
+            family_id=item["familyId"],
+            value=item["value"],
+            normalized=item["normalized"],
+            created_at=item["createdAt"],
+            private=bool(item.get("private", False)),
+            set_name=_opt(item, "setName"),
             mime_type=_opt(item, "mimeType"),
         )

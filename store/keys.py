@@ -95,6 +95,26 @@ def reactor(content_id: str, user_id: str) -> Key:
     return (f"CONTENT#{content_id}", f"REACTOR#{user_id}")
 
 
+PIPELINE_PK = "PIPELINE"
+
+
+def pipeline_gsi2(since: str, content_id: str) -> tuple[str, str]:
+    """Content mid-pipeline, so a restarted server finds what it left."""
+    return (PIPELINE_PK, f"{since}#{content_id}")
+
+
+ARCHIVE_SHARDS = 8
+
+
+def archive_pk(shard: int) -> str:
+    return f"ARCHIVE#{shard}"
+
+
+def archive_gsi2(ready_at: str, content_id: str) -> tuple[str, str]:
+    """READY or DELIVERED content, by when it became READY, for the archive sweep."""
+    return (archive_pk(unlock_shard_of(content_id, ARCHIVE_SHARDS)), f"{ready_at}#{content_id}")
+
+
 def content_tags(content_id: str) -> Key:
     """A summary of every tag on one content, kept by setTags in its transaction."""
     return (f"CONTENT#{content_id}", "TAGS")

@@ -72,6 +72,16 @@ def _validate(item: Item) -> None:
             raise StoreError(f"{name} must be a string")
 
 
+def _check_keeps_key(update: Update) -> None:
+    touched = {*update.set, *update.remove, *update.add} & {"PK", "SK"}
+    if any(
+        update.set.get(name) != value
+        for name, value in zip(("PK", "SK"), update.key, strict=True)
+        if name in touched
+    ) or touched & {*update.remove, *update.add}:
+        raise StoreError("an update cannot change an item's key")
+
+
 class SqliteTable:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
@@ -116,6 +126,10 @@ class SqliteTable:
         limit: int | None = None,
         cursor: str | None = None,
     ) -> Page:
+        if limit is not None and limit < 1:
+            raise StoreError("limit must be at least 1")
+        if sk is not None and sk.op == "between" and sk.upper is None:
+            raise StoreError("between needs an upper bound")
         pk_col, sk_col = _COLUMNS[index]
         where = [f"{pk_col} = ?"]
         params: list[Any] = [pk]
@@ -189,6 +203,7 @@ class SqliteTable:
         self._db.execute("COMMIT")
 
     async def update(self, update: Update) -> Item:
+        _check_keeps_key(update)
         self._begin()
         try:
             current = self._read(update.key)
@@ -232,6 +247,9 @@ class SqliteTable:
             return
         if len(ops) > MAX_TRANSACTION_ITEMS:
             raise StoreError(f"a transaction holds at most {MAX_TRANSACTION_ITEMS} items")
+        for op in ops:
+            if isinstance(op, Update):
+                _check_keeps_key(op)
         op_keys = [op_key(op) for op in ops]
         if len(set(op_keys)) != len(op_keys):
             raise StoreError("a transaction may touch each item only once")

@@ -1,0 +1,246 @@
+"""MiFamilias API: the Starlette app and its command line.
+
+python app.py [serve]            start the server (embedded store by default)
+python app.py token USER_ID      print a development token
+python app.py create-table       create the DynamoDB table (safe to run twice)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
+from strawberry.asgi import GraphQL
+from strawberry.exceptions import ConnectionRejectionError
+from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
+
+from resolvers.auth import TokenVerifier, media_secret, mint_token
+from resolvers.config import Settings
+from resolvers.context import Context, Services, utc_now
+from resolvers.cursors import CursorSigner
+from resolvers.media_http import media_routes
+from schema.graphiql import STATIC_DIR
+from store.blobs import LocalBlobStore
+from store.port import Table
+
+log = logging.getLogger("mifamilias")
+
+
+class MiFamiliasGraphQL(GraphQL[Context, None]):
+    """Strawberry's ASGI view with our context: a fresh one (and fresh loaders)
+    per HTTP request and per WebSocket connection."""
+
+    def __init__(self, services_ref: Callable[[], Services], **kwargs: Any) -> None:
+        from schema import schema
+
+        super().__init__(
+            schema,
+            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
+            keep_alive=True,
+            keep_alive_interval=15,
+            connection_init_wait_timeout=timedelta(seconds=10),
+            **kwargs,
+        )
+        self._services = services_ref
+
+    @property
+    def graphql_ide_html(self) -> str:
+        from schema.graphiql import GRAPHIQL_HTML
+
+        return GRAPHIQL_HTML
+
+    async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
+        context = Context(services=self._services(), request=request, response=response)
+        if isinstance(request, Request):
+            await context.authenticate(request.headers.get("authorization"))
+        return context
+
+    async def on_ws_connect(self, context: Context) -> Any:
+        params = context.connection_params or {}
+        authorization = params.get("Authorization") or params.get("authorization")
+        if not isinstance(authorization, str):
+            raise ConnectionRejectionError({"message": "sign in: send Authorization in connection_init"})
+        await context.authenticate(authorization)
+        if context.claims is None:
+            message = context.auth_error.message if context.auth_error else "not signed in"
+            raise ConnectionRejectionError({"message": message})
+        try:
+            await context.viewer_id()
+        except Exception as error:  # the store is down: refuse rather than half-open
+            log.exception("could not load the viewer for a WebSocket (request %s)", context.request_id)
+            raise ConnectionRejectionError({"message": "try again later"}) from error
+        return None
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    services: Services | None = None
+    on_start: list[Callable[[Services], Any]] = field(default_factory=list)
+
+
+async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> Table:
+    if settings.uses_dynamodb:
+        from store.dynamodb import open_dynamo_table
+
+        return await stack.enter_async_context(
+            open_dynamo_table(settings.table_name, settings.dynamodb_endpoint, settings.aws_region)
+        )
+    from store.sqlite import SqliteTable
+
+    table = SqliteTable(settings.data_dir / "mifamilias.sqlite3")
+    stack.push_async_callback(table.close)
+    return table
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    table: Table | None = None,
+    clock: Callable[[], datetime] = utc_now,
+    wrap_table: Callable[[Table], Table] | None = None,
+) -> Starlette:
+    settings = settings or Settings.from_env()
+    state = AppState(settings)
+
+    def services() -> Services:
+        if state.services is None:
+            raise RuntimeError("the app has not started")
+        return state.services
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            store = table if table is not None else await _open_table(settings, stack)
+            if wrap_table is not None:
+                store = wrap_table(store)
+            secret = settings.resolved_auth_secret()
+            verifier = (
+                TokenVerifier(
+                    jwks_url=settings.jwks_url, issuer=settings.jwt_issuer, audience=settings.jwt_audience
+                )
+                if settings.jwks_url
+                else TokenVerifier(secret=secret, issuer=settings.jwt_issuer, audience=settings.jwt_audience)
+            )
+            state.services = Services(
+                settings=settings, table=store, verifier=verifier, cursors=CursorSigner(secret), clock=clock
+            )
+            app.state.services = state.services
+            from resolvers.runtime import start_background
+
+            await start_background(state.services, stack, local_blobs)
+            yield
+        state.services = None
+
+    async def healthz(request: Request) -> Response:
+        try:
+            await services().table.ping()
+        except Exception:
+            log.exception("health check: the store does not answer")
+            return JSONResponse({"status": "unavailable"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    graphql = MiFamiliasGraphQL(services)
+    routes: list[BaseRoute] = [
+        Route("/healthz", healthz),
+        Route("/graphql", graphql, methods=["GET", "POST"]),
+        WebSocketRoute("/graphql", graphql),
+        Mount("/static/graphiql", app=StaticFiles(directory=STATIC_DIR), name="graphiql-static"),
+    ]
+    local_blobs = None
+    if not settings.s3_bucket:
+        local_blobs = LocalBlobStore(
+            settings.data_dir / "media", settings.base_url, media_secret(settings.resolved_auth_secret())
+        )
+        routes += media_routes(local_blobs)
+    middleware = []
+    if settings.allowed_origins:
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(settings.allowed_origins),
+                allow_methods=["GET", "POST", "PUT"],
+                allow_headers=["authorization", "content-type"],
+            )
+        )
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+
+
+# Command line -------------------------------------------------------------------
+
+
+def _serve(settings: Settings) -> None:
+    import uvicorn
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, ws_per_message_deflate=False)
+
+
+def _token(settings: Settings, args: argparse.Namespace) -> None:
+    print(
+        mint_token(
+            settings.resolved_auth_secret(),
+            args.user_id,
+            email=args.email,
+            given_name=args.given_name,
+            family_name=args.family_name,
+            ttl_seconds=args.days * 24 * 3600,
+            issuer=settings.jwt_issuer,
+            audience=settings.jwt_audience,
+        )
+    )
+
+
+async def _create_table(settings: Settings) -> bool:
+    import aioboto3
+
+    from store.dynamodb import create_table
+
+    session = aioboto3.Session()
+    async with session.client(
+        "dynamodb", endpoint_url=settings.dynamodb_endpoint, region_name=settings.aws_region or "us-east-1"
+    ) as client:
+        return await create_table(client, settings.table_name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python app.py", description="MiFamilias API server")
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("serve", help="start the server on MIFAMILIAS_HOST:MIFAMILIAS_PORT (default)")
+    token = commands.add_parser("token", help="print a development token (HS256) for a user id")
+    token.add_argument("user_id")
+    token.add_argument("--email")
+    token.add_argument("--given-name")
+    token.add_argument("--family-name")
+    token.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
+    commands.add_parser("create-table", help="create the DynamoDB table with both GSIs (safe to run twice)")
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+    if args.command in (None, "serve"):
+        _serve(settings)
+    elif args.command == "token":
+        _token(settings, args)
+    elif args.command == "create-table":
+        import asyncio
+
+        created = asyncio.run(_create_table(settings))
+        print(f"table {settings.table_name} {'created' if created else 'already exists'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Bearer JWTs: HS256 with a local secret for development, RS256 against a JWKS
+URL (Cognito, Auth0 and the like) in production."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jwt
+
+from resolvers.errors import Unauthenticated
+
+
+@dataclass(frozen=True)
+class Claims:
+    sub: str
+    email: str | None = None
+    given_name: str | None = None
+    family_name: str | None = None
+    picture: str | None = None
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> Claims:
+        sub = payload.get("sub")
+        if not isinstance(sub, str) or not sub or len(sub) > 128 or "#" in sub:
+            raise Unauthenticated("the token has no usable subject")
+
+        def text(name: str) -> str | None:
+            value = payload.get(name)
+            return value[:256] if isinstance(value, str) and value else None
+
+        return cls(
+            sub=sub,
+            email=text("email"),
+            given_name=text("given_name"),
+            family_name=text("family_name"),
+            picture=text("picture"),
+        )
+
+
+def media_secret(auth_secret: str) -> bytes:
+    """The key that signs local media URLs: derived, so one secret is enough to
+    configure, yet a media URL signature says nothing about the token key."""
+    return hashlib.sha256(b"mifamilias-media\0" + auth_secret.encode()).digest()
+
+
+def bearer_token(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("the Authorization header must be 'Bearer <token>'")
+    return token.strip()
+
+
+class TokenVerifier:
+    def __init__(
+        self,
+        *,
+        secret: str | None = None,
+        jwks_url: str | None = None,
+        issuer: str | None = None,
+        audience: str | None = None,
+    ) -> None:
+        if secret is None and jwks_url is None:
+            raise ValueError("a verifier needs a secret or a JWKS URL")
+        self.secret = secret
+        self.issuer = issuer
+        self.audience = audience
+        self._jwks = jwt.PyJWKClient(jwks_url, cache_keys=True, lifespan=3600) if jwks_url else None
+
+    async def verify(self, token: str) -> Claims:
+        try:
+            if self._jwks is not None:
+                # PyJWKClient fetches over blocking HTTP; keys are cached after the first.
+                signing_key = await asyncio.to_thread(self._jwks.get_signing_key_from_jwt, token)
+                payload = jwt.decode(
+                    token,
+                    signing_key.key,
+                    algorithms=["RS256"],
+                    issuer=self.issuer,
+                    audience=self.audience,
+                    options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
+                )
+            else:
+                assert self.secret is not None
+                payload = jwt.decode(
+                    token,
+                    self.secret,
+                    algorithms=["HS256"],
+                    issuer=self.issuer,
+                    audience=self.audience,
+                    options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
+                )
+        except jwt.ExpiredSignatureError as error:
+            raise Unauthenticated("the token has expired") from error
+        except (jwt.PyJWTError, ValueError) as error:
+            raise Unauthenticated("the token is not valid") from error
+        return Claims.from_payload(payload)
+
+
+def mint_token(
+    secret: str,
+    user_id: str,
+    *,
+    email: str | None = None,
+    given_name: str | None = None,
+    family_name: str | None = None,
+    picture: str | None = None,
+    ttl_seconds: int = 30 * 24 * 3600,
+    issuer: str | None = None,
+    audience: str | None = None,
+) -> str:
+    now = int(time.time())
+    payload: dict[str, Any] = {"sub": user_id, "iat": now, "exp": now + ttl_seconds}
+    for name, value in (
+        ("email", email),
+        ("given_name", given_name),
+        ("family_name", family_name),
+        ("picture", picture),
+        ("iss", issuer),
+        ("aud", audience),
+    ):
+        if value is not None:
+            payload[name] = value
+    return jwt.encode(payload, secret, algorithm="HS256")

@@ -1,0 +1,145 @@
+"""Publish/subscribe by channel. Events carry ids only; every subscriber re-reads
+what it is told about with its own loaders and authorization.
+
+In-process by default; Redis pub/sub when MIFAMILIAS_REDIS_URL is set, so every
+server process hears what any of them publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+Event = dict[str, Any]
+QUEUE_LIMIT = 1000
+
+
+def user_channel(user_id: str) -> str:
+    return f"user:{user_id}"
+
+
+def content_channel(content_id: str) -> str:
+    return f"content:{content_id}"
+
+
+class Broker(Protocol):
+    async def publish(self, channel: str, event: Event) -> None: ...
+
+    def subscribe(self, channel: str) -> contextlib.AbstractAsyncContextManager[AsyncIterator[Event]]: ...
+
+    async def close(self) -> None: ...
+
+
+class _Fanout:
+    """Local delivery to the queues of this process's subscribers."""
+
+    def __init__(self) -> None:
+        self.queues: defaultdict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
+
+    def deliver(self, channel: str, event: Event) -> None:
+        for queue in tuple(self.queues.get(channel, ())):
+            try:
+                queue.put_nowait(event)
+            except asyncio.QueueFull:
+                # A subscriber this far behind is stuck; dropping beats unbounded memory.
+                log.warning("dropping an event for a slow subscriber on %s", channel)
+
+    @contextlib.asynccontextmanager
+    async def listen(self, channel: str) -> AsyncIterator[asyncio.Queue[Event]]:
+        queue: asyncio.Queue[Event] = asyncio.Queue(QUEUE_LIMIT)
+        self.queues[channel].add(queue)
+        try:
+            yield queue
+        finally:
+            subscribers = self.queues.get(channel)
+            if subscribers is not None:
+                subscribers.discard(queue)
+                if not subscribers:
+                    del self.queues[channel]
+
+
+async def _drain(queue: asyncio.Queue[Event]) -> AsyncIterator[Event]:
+    while True:
+        yield await queue.get()
+
+
+class InProcessBroker:
+    def __init__(self) -> None:
+        self._fanout = _Fanout()
+
+    async def publish(self, channel: str, event: Event) -> None:
+        self._fanout.deliver(channel, event)
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:
+        async with self._fanout.listen(channel) as queue:
+            yield _drain(queue)
+
+    async def close(self) -> None:
+        pass
+
+
+class RedisBroker:
+    """One Redis connection listens for the whole process; it subscribes to a
+    channel while this process has at least one local subscriber to it."""
+
+    def __init__(self, url: str, prefix: str = "mifamilias:") -> None:
+        import redis.asyncio as redis
+
+        self._redis = redis.from_url(url)
+        self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        self._prefix = prefix
+        self._fanout = _Fanout()
+        self._reader: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def publish(self, channel: str, event: Event) -> None:
+        await self._redis.publish(self._prefix + channel, json.dumps(event))
+
+    async def _read(self) -> None:
+        while True:
+            try:
+                message = await self._pubsub.get_message(timeout=1.0)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("redis pub/sub read failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            if message is None or message.get("type") != "message":
+                continue
+            channel = message["channel"].decode()[len(self._prefix) :]
+            self._fanout.deliver(channel, json.loads(message["data"]))
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:
+        async with self._fanout.listen(channel) as queue:
+            async with self._lock:
+                if len(self._fanout.queues[channel]) == 1:
+                    await self._pubsub.subscribe(self._prefix + channel)
+                if self._reader is None:
+                    self._reader = asyncio.create_task(self._read())
+            try:
+                yield _drain(queue)
+            finally:
+                async with self._lock:
+                    if len(self._fanout.queues.get(channel, ())) <= 1:
+                        await self._pubsub.unsubscribe(self._prefix + channel)
+
+    async def ping(self) -> None:
+        await self._redis.ping()
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        await self._pubsub.aclose()
+        await self._redis.aclose()

@@ -1,0 +1,515 @@
+"""Content: uploads, reading rules, the feed, comments, reactions and the
+moves of its state machine that people make (the pipeline makes the rest)."""
+
+from __future__ import annotations
+
+import secrets
+import unicodedata
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from resolvers import families, notifications
+from resolvers.broker import Broker, content_channel
+from resolvers.context import Context
+from resolvers.errors import BadInput, Conflict, Forbidden, not_found
+from resolvers.pagination import ItemPage, query_page
+from resolvers.validation import clean_optional, clean_text
+from store import keys
+from store.blobs import BlobStore
+from store.items import Capsule, Comment, Content, Membership, Notification, Reaction, reaction_attr
+from store.port import (
+    ConditionFailed,
+    Delete,
+    Exists,
+    NotExists,
+    Put,
+    SortKey,
+    TransactionCancelled,
+    Update,
+    WriteOp,
+    all_of,
+    eq,
+)
+
+MIME_PREFIX = {"VIDEO": "video/", "AUDIO": "audio/", "PHOTO": "image/", "TEXT": "text/"}
+MAX_TITLE = 200
+MAX_COMMENT = 2000
+UPLOAD_URL_SECONDS = 15 * 60
+MEDIA_URL_SECONDS = 10 * 60
+REACTOR_ATTR = "E#"
+
+
+# Services this module needs beyond the table ---------------------------------------
+
+
+def blobs_of(ctx: Context) -> BlobStore:
+    blobs: BlobStore = ctx.services.extras["blobs"]
+    return blobs
+
+
+def broker_of(ctx: Context) -> Broker | None:
+    return notifications.broker_of(ctx)
+
+
+def original_key(content: Content) -> str:
+    return f"content/{content.id}/original"
+
+
+async def publish_status(broker: Broker | None, content: Content) -> None:
+    if broker is not None:
+        await broker.publish(
+            content_channel(content.id),
+            {"kind": "content", "contentId": content.id, "status": content.status},
+        )
+
+
+# Reading ----------------------------------------------------------------------
+
+
+def is_sealed(content: Content) -> bool:
+    """Capsule content stays out of the feed (no GSI1 keys) until its capsule
+    opens; until then only its author may see it."""
+    return content.capsule_id is not None and not content.in_feed
+
+
+async def load_content(ctx: Context, content_id: str) -> Content | None:
+    if "#" in content_id:
+        return None
+    item = await ctx.loaders.item.load(keys.content(content_id))
+    return Content.from_item(item) if item else None
+
+
+async def may_read(ctx: Context, content: Content) -> Membership | None:
+    """The viewer's membership when they may read this content, else None."""
+    viewer = await ctx.viewer_id()
+    membership = await families.load_membership(ctx, content.family_id, viewer)
+    if membership is None or membership.role not in families.READERS:
+        return None
+    if is_sealed(content) and content.author_id != viewer:
+        return None
+    return membership
+
+
+async def readable_content(ctx: Context, content_id: str) -> tuple[Content, Membership]:
+    content = await load_content(ctx, content_id)
+    membership = await may_read(ctx, content) if content else None
+    if content is None or membership is None:
+        raise not_found("content")
+    return content, membership
+
+
+async def media_url(ctx: Context, content: Content, which: str) -> str | None:
+    if content.status not in ("READY", "DELIVERED"):
+        return None
+    key = content.media_key if which == "media" else content.thumbnail_key
+    if key is None:
+        return None
+    return await blobs_of(ctx).download_url(key, expires_in=MEDIA_URL_SECONDS)
+
+
+async def viewer_reactions(ctx: Context, content: Content) -> list[str]:
+    viewer = await ctx.viewer_id()
+    item = await ctx.loaders.item.load(keys.reactor(content.id, viewer))
+    if item is None:
+        return []
+    return sorted(name[len(REACTOR_ATTR) :] for name in item if name.startswith(REACTOR_ATTR))
+
+
+async def feed_page(ctx: Context, family_id: str, first: int, after: str | None) -> ItemPage:
+    await families.readable_family(ctx, family_id)
+    return await query_page(
+        ctx,
+        scope=f"feed:{family_id}",
+        pk=keys.family_pk(family_id),
+        sk=SortKey.begins_with(keys.FEED_PREFIX),
+        index="GSI1",
+        descending=True,
+        first=first,
+        after=after,
+    )
+
+
+# Uploads ----------------------------------------------------------------------
+
+
+def _check_upload(settings_max: int, content_type: str, mime_type: str, size_bytes: int) -> str:
+    mime = mime_type.strip().lower()
+    prefix = MIME_PREFIX.get(content_type)
+    if prefix is None:
+        raise BadInput("type must be one of VIDEO, AUDIO, PHOTO, TEXT")
+    if not mime.startswith(prefix) or len(mime) <= len(prefix) or len(mime) > 100 or ";" in mime:
+        raise BadInput(f"a {content_type} upload needs a {prefix}* MIME type, not {mime_type!r}")
+    if not 1 <= size_bytes <= settings_max:
+        raise BadInput(f"sizeBytes must be between 1 and {settings_max}")
+    return mime
+
+
+async def create_upload(
+    ctx: Context,
+    *,
+    family_id: str,
+    content_type: str,
+    mime_type: str,
+    size_bytes: int,
+    title: str | None,
+    capsule_id: str | None,
+) -> tuple[Content, str, datetime]:
+    viewer = await ctx.viewer_id()
+    mime = _check_upload(ctx.services.settings.max_upload_bytes, content_type, mime_type, size_bytes)
+    title = clean_optional(title, "title", MAX_TITLE)
+    await families.readable_family(ctx, family_id)
+    capsule: Capsule | None = None
+    if capsule_id is not None:
+        capsule = await _capsule_for_upload(ctx, capsule_id, family_id, viewer)
+    content = Content(
+        id=uuid.uuid4().hex,
+        family_id=family_id,
+        author_id=viewer,
+        type=content_type,
+        status="UPLOADING",
+        mime_type=mime,
+        size_bytes=size_bytes,
+        created_at=ctx.services.now_iso(),
+        title=title,
+        capsule_id=capsule_id,
+        in_feed=capsule is None,
+    )
+    content = Content(**{**content.__dict__, "s3_key": original_key(content)})
+    ops: list[WriteOp] = [Put(content.to_item(), NotExists())]
+    if capsule is not None:
+        ops.append(
+            Update(
+                capsule.key,
+                set={"contentId": content.id},
+                condition=all_of(eq("status", "SCHEDULED"), eq("contentId", None)),
+            )
+        )
+    try:
+        await ctx.table.transact(ops)
+    except TransactionCancelled as error:
+        raise Conflict("the capsule already has its content or is no longer SCHEDULED") from error
+    expires_at = ctx.services.now() + timedelta(seconds=UPLOAD_URL_SECONDS)
+    url = await blobs_of(ctx).upload_url(
+        original_key(content), content_type=mime, size_bytes=size_bytes, expires_in=UPLOAD_URL_SECONDS
+    )
+    return content, url, expires_at
+
+
+async def _capsule_for_upload(ctx: Context, capsule_id: str, family_id: str, viewer: str) -> Capsule:
+    item = await ctx.loaders.item.load(keys.capsule(capsule_id)) if "#" not in capsule_id else None
+    capsule = Capsule.from_item(item) if item else None
+    if capsule is None or capsule.creator_id != viewer:
+        raise not_found("capsule")
+    if capsule.family_id != family_id:
+        raise BadInput("the capsule belongs to another family")
+    if capsule.status != "SCHEDULED" or capsule.content_id is not None:
+        raise Conflict("content can be added only to a SCHEDULED capsule without content")
+    return capsule
+
+
+async def _own_content(ctx: Context, content_id: str) -> Content:
+    content, membership = await readable_content(ctx, content_id)
+    if content.author_id != membership.user_id:
+        raise Forbidden("only the author can do that")
+    return content
+
+
+async def complete_upload(ctx: Context, content_id: str) -> Content:
+    content = await _own_content(ctx, content_id)
+    if content.status != "UPLOADING":
+        raise Conflict(f"the upload is already complete (status {content.status})")
+    size = await blobs_of(ctx).head(original_key(content))
+    if size is None:
+        raise BadInput("the bytes have not arrived: PUT the file to the upload URL first")
+    if size != content.size_bytes:
+        raise BadInput(f"the upload has {size} bytes, but {content.size_bytes} were announced")
+    now = ctx.services.now_iso()
+    ops: list[WriteOp] = [content.transition("PROCESSING", now)]
+    if content.capsule_id is not None:
+        ops.append(
+            Update(
+                keys.capsule(content.capsule_id),
+                set={"status": "LOCKED"},
+                condition=all_of(eq("status", "SCHEDULED"), eq("contentId", content.id)),
+            )
+        )
+    try:
+        await ctx.table.transact(ops)
+    except TransactionCancelled as error:
+        if error.failed_on(content.key):
+            raise Conflict("the upload is already complete") from error
+        raise Conflict("the capsule is no longer SCHEDULED") from error
+    ctx.loaders.forget(content.key)
+    moved = Content(**{**content.__dict__, "status": "PROCESSING"})
+    await publish_status(broker_of(ctx), moved)
+    submit = ctx.services.extras.get("submit")
+    if submit is not None:
+        submit(content.id)
+    return moved
+
+
+async def retry_content(ctx: Context, content_id: str) -> Content:
+    content = await _own_content(ctx, content_id)
+    if content.status != "FAILED":
+        raise Conflict(f"only FAILED content can be retried (status {content.status})")
+    try:
+        item = await ctx.table.update(
+            content.transition("PROCESSING", ctx.services.now_iso(), failureReason=None)
+        )
+    except ConditionFailed as error:
+        raise Conflict("the content changed meanwhile") from error
+    ctx.loaders.remember(item)
+    moved = Content.from_item(item)
+    await publish_status(broker_of(ctx), moved)
+    submit = ctx.services.extras.get("submit")
+    if submit is not None:
+        submit(content.id)
+    return moved
+
+
+async def restore_content(ctx: Context, content_id: str) -> Content:
+    content, _ = await readable_content(ctx, content_id)
+    if content.status != "ARCHIVED":
+        raise Conflict(f"only ARCHIVED content can be restored (status {content.status})")
+    blobs = blobs_of(ctx)
+    for key in (content.media_key, content.thumbnail_key):
+        if key:
+            await blobs.restore(key)
+    now = ctx.services.now_iso()
+    try:
+        item = await ctx.table.update(content.transition("READY", now, readyAt=now))
+    except ConditionFailed as error:
+        raise Conflict("the content changed meanwhile") from error
+    ctx.loaders.remember(item)
+    restored = Content.from_item(item)
+    await publish_status(broker_of(ctx), restored)
+    return restored
+
+
+async def mark_viewed(ctx: Context, content_id: str) -> Content:
+    content, membership = await readable_content(ctx, content_id)
+    if content.status != "READY" or content.author_id == membership.user_id:
+        return content
+    try:
+        item = await ctx.table.update(content.transition("DELIVERED", ctx.services.now_iso()))
+    except ConditionFailed:
+        # Someone else's first view won; the content is DELIVERED either way.
+        ctx.loaders.forget(content.key)
+        reread = await load_content(ctx, content_id)
+        return reread or content
+    ctx.loaders.remember(item)
+    delivered = Content.from_item(item)
+    await publish_status(broker_of(ctx), delivered)
+    return delivered
+
+
+async def delete_content(ctx: Context, content_id: str) -> bool:
+    content, membership = await readable_content(ctx, content_id)
+    if content.author_id != membership.user_id and membership.role != "ADMIN":
+        raise Forbidden("only the author or an ADMIN can delete this content")
+    if is_sealed(content):
+        raise Conflict("sealed capsule content cannot be deleted")
+    children = await ctx.table.query(keys.content_pk(content.id))
+    tag_ops = await _tag_cleanup(ctx, content)
+    try:
+        await ctx.table.transact([Delete(content.key, Exists()), *tag_ops])
+    except TransactionCancelled as error:
+        raise not_found("content") from error
+    await ctx.table.batch_write(deletes=[(i["PK"], i["SK"]) for i in children.items if i["SK"] != "META"])
+    await blobs_of(ctx).delete([k for k in (content.s3_key, content.media_key, content.thumbnail_key) if k])
+    ctx.loaders.forget(content.key)
+    return True
+
+
+async def _tag_cleanup(ctx: Context, content: Content) -> list[WriteOp]:
+    cleanup = ctx.services.extras.get("tag_cleanup")
+    if cleanup is None:
+        return []
+    ops: list[WriteOp] = await cleanup(ctx, content)
+    return ops
+
+
+# Comments ---------------------------------------------------------------------
+
+
+def new_comment_id(moment: datetime) -> str:
+    """The id carries its creation time, so deleteComment finds the item's key
+    (which sorts by time) without a query."""
+    micros = (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    return f"{micros:014x}{secrets.token_hex(6)}"
+
+
+def comment_key_of(content_id: str, comment_id: str) -> tuple[str, str] | None:
+    try:
+        micros = int(comment_id[:14], 16)
+    except ValueError:
+        return None
+    if len(comment_id) != 26:
+        return None
+    from store.items import iso
+
+    moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
+    return keys.comment(content_id, iso(moment), comment_id)
+
+
+async def comments_page(ctx: Context, content: Content, first: int, after: str | None) -> ItemPage:
+    return await query_page(
+        ctx,
+        scope=f"comments:{content.id}",
+        pk=keys.content_pk(content.id),
+        sk=SortKey.begins_with(keys.COMMENT_PREFIX),
+        first=first,
+        after=after,
+    )
+
+
+async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
+    content, membership = await readable_content(ctx, content_id)
+    text = clean_text(body, "body", MAX_COMMENT)
+    moment = ctx.services.now()
+    from store.items import iso
+
+    comment = Comment(content.id, new_comment_id(moment), membership.user_id, text, iso(moment))
+    try:
+        await ctx.table.transact(
+            [
+                Put(comment.to_item(), NotExists()),
+                Update(content.key, add={"commentCount": 1}, condition=Exists()),
+            ]
+        )
+    except TransactionCancelled as error:
+        raise not_found("content") from error
+    ctx.loaders.forget(content.key)
+    if content.author_id != membership.user_id:
+        note = Notification(
+            user_id=content.author_id,
+            id=notifications.notification_id("NEW_COMMENT", comment.id, content.author_id),
+            type="NEW_COMMENT",
+            created_at=comment.created_at,
+            family_id=content.family_id,
+            content_id=content.id,
+        )
+        await notifications.write(ctx.table, broker_of(ctx), [note])
+    return comment
+
+
+async def delete_comment(ctx: Context, content_id: str, comment_id: str) -> bool:
+    content, membership = await readable_content(ctx, content_id)
+    key = comment_key_of(content.id, comment_id)
+    item = await ctx.table.get(key) if key else None
+    if key is None or item is None:
+        raise not_found("comment")
+    comment = Comment.from_item(item)
+    if comment.author_id != membership.user_id and membership.role != "ADMIN":
+        raise Forbidden("only the comment's author or an ADMIN can delete it")
+    try:
+        await ctx.table.transact(
+            [
+                Delete(key, Exists()),
+                Update(content.key, add={"commentCount": -1}, condition=Exists()),
+            ]
+        )
+    except TransactionCancelled as error:
+        raise not_found("comment") from error
+    ctx.loaders.forget(content.key)
+    return True
+
+
+# Reactions --------------------------------------------------------------------
+
+_EMOJI_JOINERS = {0x200D, 0xFE0F, 0xFE0E, 0x20E3}
+
+
+def _is_emoji_base(cp: int) -> bool:
+    return (
+        0x1F000 <= cp <= 0x1FAFF
+        or 0x2600 <= cp <= 0x27BF
+        or 0x2B00 <= cp <= 0x2BFF
+        or 0x2300 <= cp <= 0x23FF
+        or cp in (0x00A9, 0x00AE, 0x203C, 0x2049, 0x2122, 0x2139, 0x3030, 0x303D, 0x3297, 0x3299)
+        or 0x2190 <= cp <= 0x21FF
+        or 0x25A0 <= cp <= 0x25FF
+        or 0x2934 <= cp <= 0x2935
+    )
+
+
+def clean_emoji(text: str) -> str:
+    """One emoji: a base, optionally with skin tone, variation selectors, keycap,
+    tag characters, or ZWJ-joined parts; a flag is two regional indicators."""
+    emoji = unicodedata.normalize("NFC", text.strip())
+    points = [ord(ch) for ch in emoji]
+    if not points or len(points) > 16:
+        raise BadInput("emoji must be a single emoji")
+    bases = 0
+    regional = 0
+    previous_joiner = False
+    for index, cp in enumerate(points):
+        if 0x1F1E6 <= cp <= 0x1F1FF:
+            regional += 1
+            continue
+        if cp in _EMOJI_JOINERS or 0x1F3FB <= cp <= 0x1F3FF or 0xE0020 <= cp <= 0xE007F:
+            previous_joiner = cp == 0x200D
+            continue
+        keycap = cp in b"#*0123456789" and index + 1 < len(points) and 0x20E3 in points[index + 1 :]
+        if not (_is_emoji_base(cp) or keycap):
+            raise BadInput("emoji must be a single emoji")
+        if not previous_joiner:
+            bases += 1
+        previous_joiner = False
+    if regional not in (0, 2) or (regional and bases) or (not regional and bases != 1):
+        raise BadInput("emoji must be a single emoji")
+    return emoji
+
+
+async def add_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
+    content, membership = await readable_content(ctx, content_id)
+    emoji = clean_emoji(emoji)
+    reaction = Reaction(content.id, emoji, membership.user_id, ctx.services.now_iso())
+    try:
+        await ctx.table.transact(
+            [
+                Put(reaction.to_item(), NotExists()),
+                Update(content.key, add={reaction_attr(emoji): 1}, condition=Exists()),
+                Update(keys.reactor(content.id, membership.user_id), set={REACTOR_ATTR + emoji: True}),
+            ]
+        )
+    except TransactionCancelled as error:
+        if not error.failed_on(reaction.key):
+            raise not_found("content") from error
+        # Reacting twice counts once.
+    return await _reloaded(ctx, content, membership.user_id)
+
+
+async def remove_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
+    content, membership = await readable_content(ctx, content_id)
+    emoji = clean_emoji(emoji)
+    key = keys.reaction(content.id, emoji, membership.user_id)
+    try:
+        await ctx.table.transact(
+            [
+                Delete(key, Exists()),
+                Update(content.key, add={reaction_attr(emoji): -1}, condition=Exists()),
+                Update(keys.reactor(content.id, membership.user_id), remove=[REACTOR_ATTR + emoji]),
+            ]
+        )
+    except TransactionCancelled as error:
+        if not error.failed_on(key):
+            raise not_found("content") from error
+    return await _reloaded(ctx, content, membership.user_id)
+
+
+async def _reloaded(ctx: Context, content: Content, viewer: str) -> Content:
+    ctx.loaders.forget(content.key, keys.reactor(content.id, viewer))
+    fresh = await load_content(ctx, content.id)
+    if fresh is None:
+        raise not_found("content")
+    return fresh
+
+
+def reaction_counts(content: Content) -> list[tuple[str, int]]:
+    return sorted(content.reactions.items(), key=lambda pair: (-pair[1], pair[0]))
+
+
+def item_to_content(item: dict[str, Any]) -> Content:
+    return Content.from_item(item)

@@ -1,0 +1,129 @@
+"""The per-request context: who is asking, their loaders, and the services."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from resolvers.auth import Claims, TokenVerifier, bearer_token
+from resolvers.config import Settings
+from resolvers.cursors import CursorSigner
+from resolvers.errors import ApiError, Unauthenticated
+from resolvers.loaders import Loaders
+from store import items
+from store.port import ConditionFailed, NotExists, Table
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class KnownUsers:
+    """User ids this process has seen a profile for, so the first-request
+    check costs one read per user per process, not one per request."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self.capacity = capacity
+
+    def __contains__(self, user_id: str) -> bool:
+        if user_id in self._ids:
+            self._ids.move_to_end(user_id)
+            return True
+        return False
+
+    def add(self, user_id: str) -> None:
+        self._ids[user_id] = None
+        if len(self._ids) > self.capacity:
+            self._ids.popitem(last=False)
+
+
+@dataclass
+class Services:
+    """Everything a request may use; built once per process in the lifespan."""
+
+    settings: Settings
+    table: Table
+    verifier: TokenVerifier
+    cursors: CursorSigner
+    clock: Callable[[], datetime] = utc_now
+    known_users: KnownUsers = field(default_factory=KnownUsers)
+    # Filled in by later layers (blob store, broker, pipeline); typed there.
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def now(self) -> datetime:
+        return self.clock()
+
+    def now_iso(self) -> str:
+        return items.iso(self.clock())
+
+
+@dataclass
+class Context:
+    services: Services
+    request: Any = None
+    response: Any = None
+    claims: Claims | None = None
+    auth_error: ApiError | None = None
+    connection_params: dict[str, Any] | None = None
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    loaders: Loaders = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.loaders = Loaders(self.services.table)
+
+    @property
+    def table(self) -> Table:
+        return self.services.table
+
+    def fresh(self) -> Context:
+        """The same viewer with empty loaders: one per subscription event."""
+        return Context(
+            services=self.services,
+            request=self.request,
+            claims=self.claims,
+            auth_error=self.auth_error,
+            connection_params=self.connection_params,
+        )
+
+    async def authenticate(self, authorization: str | None) -> None:
+        try:
+            token = bearer_token(authorization)
+            if token is None:
+                self.claims, self.auth_error = None, Unauthenticated("sign in: send a Bearer token")
+                return
+            self.claims = await self.services.verifier.verify(token)
+            self.auth_error = None
+        except ApiError as error:
+            self.claims, self.auth_error = None, error
+
+    async def viewer_id(self) -> str:
+        """The signed-in user's id; creates their User on their first request."""
+        if self.claims is None:
+            raise self.auth_error or Unauthenticated("sign in: send a Bearer token")
+        user_id = self.claims.sub
+        if user_id not in self.services.known_users:
+            await self._ensure_user(self.claims)
+            self.services.known_users.add(user_id)
+        return user_id
+
+    async def _ensure_user(self, claims: Claims) -> None:
+        existing = await self.loaders.item.load(items.User(claims.sub, "").key)
+        if existing is not None:
+            return
+        user = items.User(
+            id=claims.sub,
+            created_at=self.services.now_iso(),
+            email=claims.email,
+            given_name=claims.given_name,
+            family_name=claims.family_name,
+            profile_image_url=claims.picture,
+        )
+        with contextlib.suppress(ConditionFailed):  # a parallel first request created it
+            await self.table.put(user.to_item(), NotExists())
+        self.loaders.item.clear(user.key)

@@ -1,0 +1,40 @@
+"""Errors that reach the client with one of the contract's `extensions.code`s."""
+
+from __future__ import annotations
+
+
+class ApiError(Exception):
+    code = "INTERNAL_SERVER_ERROR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Unauthenticated(ApiError):
+    code = "UNAUTHENTICATED"
+
+
+class Forbidden(ApiError):
+    code = "FORBIDDEN"
+
+
+class NotFound(ApiError):
+    code = "NOT_FOUND"
+
+
+class BadInput(ApiError):
+    code = "BAD_USER_INPUT"
+
+
+class Conflict(ApiError):
+    code = "CONFLICT"
+
+
+class RateLimited(ApiError):
+    code = "RATE_LIMITED"
+
+
+def not_found(what: str) -> NotFound:
+    # One message for "missing" and "not yours", so an answer leaks nothing.
+    return NotFound(f"{what} not found")

@@ -1,0 +1,566 @@
+"""Media checks and conversions for uploaded family content.
+
+Pure async functions: they read a local file and write local files, nothing else (no storage,
+no GraphQL). Video and audio go through the ffmpeg binary shipped by ``imageio-ffmpeg`` (there is
+no ffprobe, so :func:`probe` reads the stream summary that ``ffmpeg -i`` prints); photos go
+through Pillow in a worker thread.
+
+Every ffmpeg run is a subprocess started with :func:`asyncio.create_subprocess_exec`, bounded by
+a timeout and killed when the timeout passes or the awaiting task is cancelled.
+
+Errors are :class:`MediaError`: ``str(error)`` is a short sentence fit to show a person,
+``error.detail`` carries the ffmpeg/Pillow diagnostics (stderr tail) for the logs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import imageio_ffmpeg
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+__all__ = [
+    "PHOTO_MAX_SIDE",
+    "THUMBNAIL_MAX_SIDE",
+    "VIDEO_MAX_SIDE",
+    "MediaError",
+    "Probe",
+    "check_kind",
+    "check_photo",
+    "probe",
+    "transcode_audio",
+    "transcode_photo",
+    "transcode_video",
+]
+
+THUMBNAIL_MAX_SIDE = 320
+PHOTO_MAX_SIDE = 2048
+VIDEO_MAX_SIDE = 1280
+
+PROBE_TIMEOUT_SECONDS = 30.0
+THUMBNAIL_TIMEOUT_SECONDS = 60.0
+VIDEO_TIMEOUT_SECONDS = 15 * 60.0
+AUDIO_TIMEOUT_SECONDS = 5 * 60.0
+
+# A video thumbnail is taken this far in, unless the clip is shorter than THUMBNAIL_MIN_DURATION,
+# in which case the first frame is used.
+THUMBNAIL_AT_SECONDS = 1.0
+THUMBNAIL_MIN_DURATION = 2.0
+
+VIDEO_CRF = 23
+VIDEO_MAXRATE = "4M"
+VIDEO_BUFSIZE = "8M"
+AUDIO_BITRATE = "128k"
+PHOTO_QUALITY = 85
+THUMBNAIL_QUALITY = 80
+
+_STDERR_HEAD_BYTES = 1 << 20  # probe output is read from the top
+_STDERR_TAIL_BYTES = 16 << 10  # what we keep of the end for error details
+_DETAIL_TAIL_CHARS = 4000
+
+
+class MediaError(Exception):
+    """A media file is unusable or could not be processed.
+
+    ``message`` (also ``str(error)``) is short and meant for people; ``detail`` is for logs.
+    """
+
+    def __init__(self, message: str, *, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What ffmpeg found in a file.
+
+    ``has_video`` counts only real picture streams: cover art attached to an audio file
+    (``has_cover_art``) is not video. ``width``/``height`` are the display size of the first
+    video stream (after any rotation stored in the file); for a still image they are the image
+    size. ``format_name`` is ffmpeg's demuxer name, e.g. ``"mov,mp4,m4a,3gp,3g2,mj2"``,
+    ``"png_pipe"``, ``"wav"``.
+    """
+
+    has_video: bool
+    has_audio: bool
+    duration_seconds: float | None
+    width: int | None
+    height: int | None
+    format_name: str | None
+    video_codec: str | None = None
+    audio_codec: str | None = None
+    has_cover_art: bool = False
+
+    @property
+    def is_still_image(self) -> bool:
+        """True for files ffmpeg reads with an image demuxer (a single picture, not a clip)."""
+        return _is_image_format(self.format_name)
+
+
+# --------------------------------------------------------------------------------------------
+# ffmpeg subprocesses
+
+
+@functools.cache
+def _ffmpeg_exe() -> str:
+    # imageio-ffmpeg honours IMAGEIO_FFMPEG_EXE, then its bundled binary, then the system one.
+    exe: str = imageio_ffmpeg.get_ffmpeg_exe()
+    return exe
+
+
+def _ffmpeg_path(path: Path) -> str:
+    # "file:" stops ffmpeg reading a name such as "-x.mp4" as an option or "a:b.mp4" as a protocol.
+    return "file:" + str(path)
+
+
+async def _collect(stream: asyncio.StreamReader) -> str:
+    """Read a stream to its end, keeping the head and the tail when it is very long."""
+    head = bytearray()
+    tail = bytearray()
+    dropped = False
+    while chunk := await stream.read(65536):
+        room = _STDERR_HEAD_BYTES - len(head)
+        if room > 0:
+            head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            tail += chunk
+            if len(tail) > _STDERR_TAIL_BYTES:
+                del tail[: len(tail) - _STDERR_TAIL_BYTES]
+                dropped = True
+    text = bytes(head).decode("utf-8", "replace")
+    if dropped:
+        text += "\n[...]\n"
+    return text + bytes(tail).decode("utf-8", "replace")
+
+
+def _tail(text: str) -> str:
+    text = text.strip()
+    return text if len(text) <= _DETAIL_TAIL_CHARS else "[...]" + text[-_DETAIL_TAIL_CHARS:]
+
+
+async def _run_ffmpeg(args: Sequence[str], *, timeout_seconds: float, what: str) -> tuple[int, str]:
+    """Run ffmpeg with ``args``; return (exit code, stderr). Killed on timeout or cancellation."""
+    argv = [_ffmpeg_exe(), "-hide_banner", "-nostdin", *args]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+    except OSError as exc:
+        raise MediaError(f"{what} failed: the media tools are unavailable", detail=repr(exc)) from exc
+    assert proc.stderr is not None
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            stderr = await _collect(proc.stderr)
+            code = await proc.wait()
+    except TimeoutError:
+        raise MediaError(
+            f"{what} took too long and was stopped",
+            detail=f"ffmpeg timed out after {timeout_seconds:g}s: {' '.join(argv)}",
+        ) from None
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    return code, stderr
+
+
+def _missing_outputs(outputs: Sequence[Path]) -> list[Path]:
+    return [p for p in outputs if not p.is_file() or p.stat().st_size == 0]
+
+
+async def _run_ffmpeg_to(
+    args: Sequence[str], outputs: Sequence[Path], *, timeout_seconds: float, what: str, failure: str
+) -> None:
+    """Run an ffmpeg conversion that must produce ``outputs``; remove them if it does not."""
+    try:
+        code, stderr = await _run_ffmpeg(args, timeout_seconds=timeout_seconds, what=what)
+        missing = _missing_outputs(outputs)
+        if code != 0 or missing:
+            detail = f"ffmpeg exit code {code}; missing outputs {[str(p) for p in missing]}\n{_tail(stderr)}"
+            raise MediaError(failure, detail=detail)
+    except BaseException:
+        for out in outputs:
+            out.unlink(missing_ok=True)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# probing
+
+_INPUT_RE = re.compile(r"^Input #0, (?P<format>.+?), from ", re.MULTILINE)
+_DURATION_RE = re.compile(r"^\s*Duration: (?:(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d(?:\.\d+)?)|N/A)")
+_STREAM_RE = re.compile(
+    r"^\s*Stream #0:\d+\S*?: (?P<kind>Video|Audio|Subtitle|Data|Attachment)"
+    r"(?:: (?P<codec>[^\s,]+))?(?P<rest>.*)$"
+)
+# "320x240" as its own comma-separated field; not the "0x31637661" inside "(avc1 / 0x31637661)".
+_SIZE_RE = re.compile(r"(?:^|[\s,])(?P<w>\d{1,5})x(?P<h>\d{1,5})(?=$|[\s,\[])")
+_ROTATION_RE = re.compile(r"^\s*display ?matrix: rotation of (?P<deg>-?\d+(?:\.\d+)?) degrees", re.I)
+_IMAGE_FORMATS = frozenset({"image2", "gif", "apng", "webp", "ico", "bmp", "tiff", "jpegxl_anim"})
+
+
+def _is_image_format(format_name: str | None) -> bool:
+    if not format_name:
+        return False
+    return any(name in _IMAGE_FORMATS or name.endswith("_pipe") for name in format_name.split(","))
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _parse_probe(stderr: str) -> Probe | None:
+    """Parse the stream summary ``ffmpeg -i`` prints for input #0; None if there is none."""
+    match = _INPUT_RE.search(stderr)
+    if match is None:
+        return None
+    duration: float | None = None
+    video_codec: str | None = None
+    audio_codec: str | None = None
+    has_video = has_audio = has_cover_art = False
+    width: int | None = None
+    height: int | None = None
+    in_first_video = False
+    skip_deeper_than: int | None = None  # inside a "Metadata:" block (free text from the file)
+
+    for line in stderr[match.end() :].splitlines()[1:]:
+        if line.startswith("["):
+            continue  # a log message from a component, e.g. "[mov,mp4,... @ 0x5f...] ..."
+        if not line.startswith(" "):
+            break  # end of the input #0 summary ("Output #0", "At least one output file ...")
+        indent = _indent(line)
+        if skip_deeper_than is not None:
+            if indent > skip_deeper_than:
+                continue
+            skip_deeper_than = None
+        stripped = line.strip()
+        if stripped == "Metadata:":
+            skip_deeper_than = indent
+            continue
+        if (m := _DURATION_RE.match(line)) is not None:
+            if m.group("h") is not None:
+                duration = int(m.group("h")) * 3600 + int(m.group("m")) * 60 + float(m.group("s"))
+            continue
+        if (m := _STREAM_RE.match(line)) is not None:
+            in_first_video = False
+            kind, codec, rest = m.group("kind"), m.group("codec"), m.group("rest")
+            if codec == "none":
+                codec = None
+            if kind == "Audio":
+                has_audio = True
+                audio_codec = audio_codec or codec
+            elif kind == "Video":
+                if "(attached pic)" in rest:
+                    has_cover_art = True
+                elif not has_video:
+                    has_video = True
+                    video_codec = codec
+                    size = _SIZE_RE.search(rest)
+                    if size is not None:
+                        width, height = int(size.group("w")), int(size.group("h"))
+                    in_first_video = True
+            continue
+        if in_first_video and (m := _ROTATION_RE.match(line)) is not None:
+            if round(abs(float(m.group("deg")))) % 180 == 90 and width is not None and height is not None:
+                width, height = height, width
+            continue
+
+    if duration is not None and duration <= 0:
+        duration = None
+    return Probe(
+        has_video=has_video,
+        has_audio=has_audio,
+        duration_seconds=duration,
+        width=width,
+        height=height,
+        format_name=match.group("format"),
+        video_codec=video_codec,
+        audio_codec=audio_codec,
+        has_cover_art=has_cover_art,
+    )
+
+
+async def probe(path: Path, *, timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> Probe:
+    """Read the streams of ``path`` with ffmpeg. Raises MediaError for unreadable files."""
+    if not await asyncio.to_thread(path.is_file):
+        raise MediaError("the file could not be found", detail=str(path))
+    # ffmpeg exits 1 ("At least one output file must be specified") after printing the summary;
+    # whether the input opened is told by the summary, not the exit code.
+    _, stderr = await _run_ffmpeg(
+        ["-i", _ffmpeg_path(path)], timeout_seconds=timeout_seconds, what="reading the file"
+    )
+    result = _parse_probe(stderr)
+    if result is None:
+        raise MediaError("the file is not a readable audio, video or image file", detail=_tail(stderr))
+    if not (result.has_video or result.has_audio or result.has_cover_art):
+        raise MediaError("the file contains no audio, video or picture", detail=_tail(stderr))
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# kind checks
+
+
+async def check_kind(probe: Probe, content_type: str) -> None:
+    """Check that a probed file fits the declared content type; raise MediaError if not.
+
+    VIDEO needs a real (moving) video stream with a duration: a still image is not a video.
+    AUDIO needs an audio stream and no real video (cover art is fine). PHOTO needs a picture
+    and no sound; Pillow has the final word in :func:`check_photo` / :func:`transcode_photo`.
+    """
+    kind = content_type.strip().upper()
+    if kind == "VIDEO":
+        if not probe.has_video:
+            if probe.has_audio:
+                raise MediaError("the file is not a video: it only has sound")
+            raise MediaError("the file is not a video: no video stream found")
+        if probe.is_still_image and (probe.duration_seconds is None or probe.duration_seconds < 0.1):
+            raise MediaError("the file is not a video: it is a still image")
+        if probe.duration_seconds is None:
+            raise MediaError("the file is not a video: it has no duration")
+    elif kind == "AUDIO":
+        if not probe.has_audio:
+            raise MediaError("the file is not audio: no audio stream found")
+        if probe.has_video:
+            raise MediaError("the file is not audio: it contains video, upload it as a video")
+    elif kind == "PHOTO":
+        if probe.has_audio:
+            raise MediaError("the file is not a photo: it contains sound")
+        if not probe.has_video or probe.width is None or probe.height is None:
+            raise MediaError("the file is not a photo: no picture found")
+        if not probe.is_still_image and probe.duration_seconds is not None:
+            raise MediaError("the file is not a photo: it is a video")
+    elif kind == "TEXT":
+        raise MediaError("text posts do not carry a media file")
+    else:
+        raise MediaError(f"unknown content type {content_type!r}")
+
+
+# --------------------------------------------------------------------------------------------
+# video and audio
+
+
+def _even_fit_filter(max_side: int) -> str:
+    """Square the pixels, then fit in max_side x max_side (never upscaling), even dimensions."""
+    return (
+        "scale=w='trunc(iw*sar/2)*2':h='trunc(ih/2)*2',setsar=1,"
+        f"scale=w='min({max_side},iw)':h='min({max_side},ih)'"
+        ":force_original_aspect_ratio=decrease:force_divisible_by=2"
+    )
+
+
+def _thumb_fit_filter(max_side: int) -> str:
+    return (
+        "scale=w='trunc(iw*sar)':h=ih,setsar=1,"
+        f"scale=w='min({max_side},iw)':h='min({max_side},ih)':force_original_aspect_ratio=decrease"
+    )
+
+
+async def _video_thumbnail(src: Path, dst_jpg: Path, at_seconds: float) -> None:
+    def args(at: float) -> list[str]:
+        seek = ["-ss", f"{at:.3f}"] if at > 0 else []
+        return [
+            "-loglevel", "error", "-nostats", "-y",
+            *seek, "-i", _ffmpeg_path(src),
+            "-map", "0:V:0", "-an", "-sn", "-dn", "-map_metadata", "-1",
+            "-vf", _thumb_fit_filter(THUMBNAIL_MAX_SIDE),
+            "-frames:v", "1", "-c:v", "mjpeg", "-q:v", "3", "-f", "image2", "-update", "1",
+            _ffmpeg_path(dst_jpg),
+        ]  # fmt: skip
+
+    what, failure = "making the thumbnail", "the video thumbnail could not be made"
+    try:
+        await _run_ffmpeg_to(
+            args(at_seconds), [dst_jpg], timeout_seconds=THUMBNAIL_TIMEOUT_SECONDS, what=what, failure=failure
+        )
+    except MediaError:
+        if at_seconds <= 0:
+            raise
+        # The stated duration can be wrong; the first frame is always there.
+        await _run_ffmpeg_to(
+            args(0.0), [dst_jpg], timeout_seconds=THUMBNAIL_TIMEOUT_SECONDS, what=what, failure=failure
+        )
+
+
+def _leaf_exceptions(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        leaves.extend(_leaf_exceptions(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return leaves
+
+
+async def transcode_video(
+    src: Path,
+    dst_mp4: Path,
+    dst_thumb_jpg: Path,
+    *,
+    probed: Probe | None = None,
+    timeout_seconds: float = VIDEO_TIMEOUT_SECONDS,
+) -> None:
+    """Convert a video to web MP4 (H.264 yuv420p ≤ VIDEO_MAX_SIDE, AAC, faststart) + JPEG thumbnail.
+
+    The thumbnail is at most THUMBNAIL_MAX_SIDE on its long side, taken THUMBNAIL_AT_SECONDS in
+    (first frame for clips shorter than THUMBNAIL_MIN_DURATION). Both run concurrently.
+    Pass ``probed`` to skip probing ``src`` again. Metadata (location, device) is not copied.
+    """
+    info = probed if probed is not None else await probe(src)
+    if not info.has_video:
+        raise MediaError("the file is not a video: no video stream found")
+    audio = (
+        ["-map", "0:a:0", "-c:a", "aac", "-b:a", AUDIO_BITRATE]
+        if info.has_audio
+        else ["-an"]
+    )  # fmt: skip
+    video_args = [
+        "-loglevel", "error", "-nostats", "-y",
+        "-i", _ffmpeg_path(src),
+        "-map", "0:V:0", *audio, "-sn", "-dn", "-map_metadata", "-1", "-map_chapters", "-1",
+        "-vf", _even_fit_filter(VIDEO_MAX_SIDE) + ",format=yuv420p",
+        "-c:v", "libx264", "-preset", "veryfast", "-crf", str(VIDEO_CRF),
+        "-maxrate", VIDEO_MAXRATE, "-bufsize", VIDEO_BUFSIZE, "-pix_fmt", "yuv420p",
+        "-max_muxing_queue_size", "4096",
+        "-movflags", "+faststart", "-f", "mp4",
+        _ffmpeg_path(dst_mp4),
+    ]  # fmt: skip
+    duration = info.duration_seconds
+    at = THUMBNAIL_AT_SECONDS if duration is not None and duration >= THUMBNAIL_MIN_DURATION else 0.0
+
+    try:
+        # A TaskGroup: when one part fails, the other is cancelled (and its ffmpeg killed).
+        async with asyncio.TaskGroup() as group:
+            group.create_task(
+                _run_ffmpeg_to(
+                    video_args,
+                    [dst_mp4],
+                    timeout_seconds=timeout_seconds,
+                    what="converting the video",
+                    failure="the video could not be converted",
+                )
+            )
+            group.create_task(_video_thumbnail(src, dst_thumb_jpg, at))
+    except BaseException as exc:
+        for out in (dst_mp4, dst_thumb_jpg):
+            out.unlink(missing_ok=True)
+        if isinstance(exc, BaseExceptionGroup):
+            leaves = _leaf_exceptions(exc)
+            raise next((e for e in leaves if isinstance(e, MediaError)), leaves[0]) from None
+        raise
+
+
+async def transcode_audio(
+    src: Path,
+    dst_m4a: Path,
+    *,
+    probed: Probe | None = None,
+    timeout_seconds: float = AUDIO_TIMEOUT_SECONDS,
+) -> None:
+    """Convert the first audio stream of ``src`` to AAC in an .m4a (MP4 audio) file, faststart."""
+    info = probed if probed is not None else await probe(src)
+    if not info.has_audio:
+        raise MediaError("the file is not audio: no audio stream found")
+    args = [
+        "-loglevel", "error", "-nostats", "-y",
+        "-i", _ffmpeg_path(src),
+        "-map", "0:a:0", "-vn", "-sn", "-dn", "-map_metadata", "-1",
+        "-c:a", "aac", "-b:a", AUDIO_BITRATE,
+        "-movflags", "+faststart", "-f", "ipod",
+        _ffmpeg_path(dst_m4a),
+    ]  # fmt: skip
+    await _run_ffmpeg_to(
+        args,
+        [dst_m4a],
+        timeout_seconds=timeout_seconds,
+        what="converting the audio",
+        failure="the audio could not be converted",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# photos
+
+
+def _open_image(src: Path, *, draft_size: tuple[int, int] | None = None) -> Image.Image:
+    """Open and fully decode an image; ``draft_size`` lets JPEG decode at a reduced scale."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            img = Image.open(src)
+            if draft_size is not None:
+                img.draft(None, draft_size)
+            img.load()
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise MediaError("the photo is too large", detail=repr(exc)) from exc
+    except UnidentifiedImageError as exc:
+        raise MediaError("the file is not a photo: the image could not be read", detail=repr(exc)) from exc
+    except (OSError, ValueError, SyntaxError) as exc:  # truncated / corrupt image data
+        raise MediaError("the photo is damaged and could not be read", detail=repr(exc)) from exc
+    return img
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info):
+        rgba = img.convert("RGBA")
+        background = Image.new("RGB", rgba.size, (255, 255, 255))
+        background.paste(rgba, mask=rgba.getchannel("A"))
+        return background
+    if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+        img = img.convert("I").point(lambda v: v * (1 / 256)).convert("L")  # 16-bit grey to 8-bit
+    return img.convert("RGB")
+
+
+def _check_photo_sync(src: Path) -> tuple[int, int]:
+    with _open_image(src) as img:
+        oriented = ImageOps.exif_transpose(img)
+        return oriented.size
+
+
+def _transcode_photo_sync(src: Path, dst_jpg: Path, dst_thumb_jpg: Path) -> None:
+    # A square draft box keeps every side >= PHOTO_MAX_SIDE whatever the EXIF orientation.
+    with _open_image(src, draft_size=(PHOTO_MAX_SIDE, PHOTO_MAX_SIDE)) as opened:
+        try:
+            img = ImageOps.exif_transpose(opened)
+            icc = img.info.get("icc_profile") if img.mode in ("RGB", "RGBA", "P") else None
+            img = _to_rgb(img)
+            img.thumbnail((PHOTO_MAX_SIDE, PHOTO_MAX_SIDE), Image.Resampling.LANCZOS)
+            img.save(dst_jpg, "JPEG", quality=PHOTO_QUALITY, optimize=True, progressive=True, icc_profile=icc)
+            thumb = img.copy()
+            thumb.thumbnail((THUMBNAIL_MAX_SIDE, THUMBNAIL_MAX_SIDE), Image.Resampling.LANCZOS)
+            thumb.save(dst_thumb_jpg, "JPEG", quality=THUMBNAIL_QUALITY, optimize=True, icc_profile=icc)
+        except MediaError:
+            raise
+        except (OSError, ValueError, SyntaxError) as exc:
+            for out in (dst_jpg, dst_thumb_jpg):
+                out.unlink(missing_ok=True)
+            raise MediaError("the photo could not be converted", detail=repr(exc)) from exc
+
+
+async def check_photo(src: Path) -> tuple[int, int]:
+    """Check that Pillow can read ``src`` as an image; return its (width, height) upright."""
+    return await asyncio.to_thread(_check_photo_sync, src)
+
+
+async def transcode_photo(src: Path, dst_jpg: Path, dst_thumb_jpg: Path) -> None:
+    """Convert a photo to an upright RGB JPEG ≤ PHOTO_MAX_SIDE and a ≤ THUMBNAIL_MAX_SIDE thumbnail.
+
+    EXIF orientation is applied; EXIF itself (location, device) is not copied; an ICC colour
+    profile is kept. Transparent areas become white. Never upscales.
+    """
+    await asyncio.to_thread(_transcode_photo_sync, src, dst_jpg, dst_thumb_jpg)

@@ -1,0 +1,91 @@
+"""The app's own media endpoints, for the local blob store (`store.blobs.LocalBlobStore`).
+
+`PUT /media/{key}` stores a raw body, `GET /media/{key}` (and HEAD) serves it;
+both only with a URL signed by the store (`upload_url` / `download_url`).
+
+PUT, step by step, each refusal leaving nothing on disk:
+
+1. `verify`: signature, method, key, expiry, nonce not yet used -> else 403.
+2. The request's `Content-Type` must equal the one the URL was signed for
+   (as S3 does with a presigned PUT) -> else 403. The URL is not consumed.
+3. `claim` consumes the URL's nonce atomically (an O_EXCL marker file), before
+   any byte is read: of two requests racing with one URL exactly one goes on,
+   the other gets 403. From here on the URL is spent whatever happens: a body
+   over the announced size (413), a dropped connection (400) or a server error
+   all burn it, and the client asks for a new URL. This is the safe choice: a
+   URL can carry at most one body, ever, so a leaked URL cannot be replayed
+   nor used to push bytes again and again.
+4. A `Content-Length` over the announced size -> 413 without reading the body;
+   otherwise the body is streamed to a temp file and refused with 413 as soon
+   as it goes over the size. Only a body within the size is renamed into place
+   (200). A shorter body is accepted: completing the upload checks the exact
+   size with `head`.
+
+GET streams the file with a content type guessed from the key's extension,
+404 if there is none, and headers that stop a browser from running uploaded
+HTML or SVG in the app's origin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from store.blobs import BlobAccessDenied, BlobTooLarge, LocalBlobStore
+
+_SAFE_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "Content-Security-Policy": "default-src 'none'; sandbox",
+    "Cache-Control": "private",
+}
+
+
+def _denied(exc: BlobAccessDenied) -> Response:
+    return PlainTextResponse(exc.reason, status_code=403)
+
+
+def media_routes(blobs: LocalBlobStore) -> list[Route]:
+    async def put_media(request: Request) -> Response:
+        key: str = request.path_params["key"]
+        try:
+            verified = blobs.verify("PUT", key, request.query_params)
+        except BlobAccessDenied as exc:
+            return _denied(exc)
+        if verified.size is None or request.headers.get("content-type") != verified.content_type:
+            return PlainTextResponse("content type does not match the url", status_code=403)
+        declared = request.headers.get("content-length")
+        if declared is not None and not declared.isdigit():
+            return PlainTextResponse("bad content-length", status_code=400)
+        try:
+            blobs.claim(verified)
+        except BlobAccessDenied as exc:
+            return _denied(exc)
+        if declared is not None and int(declared) > verified.size:
+            return PlainTextResponse("body larger than announced", status_code=413)
+        try:
+            await blobs.receive(key, request.stream(), verified.size)
+        except BlobTooLarge:
+            return PlainTextResponse("body larger than announced", status_code=413)
+        except ClientDisconnect:
+            return PlainTextResponse("client disconnected", status_code=400)
+        return Response(status_code=200)
+
+    async def get_media(request: Request) -> Response:
+        key: str = request.path_params["key"]
+        try:
+            blobs.verify("GET", key, request.query_params)
+        except BlobAccessDenied as exc:
+            return _denied(exc)
+        path = blobs.path_for(key)
+        if not await asyncio.to_thread(path.is_file):
+            return PlainTextResponse("not found", status_code=404)
+        # FileResponse guesses the media type from the file name.
+        return FileResponse(path, headers=_SAFE_HEADERS)
+
+    return [
+        Route("/media/{key:path}", put_media, methods=["PUT"]),
+        Route("/media/{key:path}", get_media, methods=["GET"]),
+    ]

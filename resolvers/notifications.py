@@ -1,0 +1,156 @@
+"""Notifications: items under the addressee's partition, newest first, each
+announced on the addressee's channel once it is written."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+
+from resolvers.broker import Broker, user_channel
+from resolvers.context import Context
+from resolvers.pagination import ItemPage, check_first
+from store import keys
+from store.expressions import cursor_for
+from store.items import Family, Membership, Notification
+from store.port import ConditionFailed, InvalidCursor, NotExists, Put, SortKey, Table, Update, eq
+
+MAX_UNREAD_SCAN = 1000
+
+
+def notification_id(*parts: str) -> str:
+    """Deterministic: the same event for the same user is the same item, so a
+    retried write cannot duplicate it."""
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+def notification_puts(notes: Iterable[Notification]) -> list[Put]:
+    return [Put(note.to_item(), NotExists()) for note in notes]
+
+
+def broker_of(ctx: Context) -> Broker | None:
+    broker: Broker | None = ctx.services.extras.get("broker")
+    return broker
+
+
+async def announce(broker: Broker | None, notes: Sequence[Notification]) -> None:
+    if broker is None:
+        return
+    for note in notes:
+        await broker.publish(
+            user_channel(note.user_id),
+            {"kind": "notification", "userId": note.user_id, "createdAt": note.created_at, "id": note.id},
+        )
+
+
+async def write(table: Table, broker: Broker | None, notes: Sequence[Notification]) -> None:
+    """Writes each note once (a replay finds it there and stays quiet)."""
+    written: list[Notification] = []
+    for note in notes:
+        try:
+            await table.put(note.to_item(), NotExists())
+        except ConditionFailed:
+            continue
+        written.append(note)
+    await announce(broker, written)
+
+
+async def _members(ctx: Context, family_id: str) -> list[Membership]:
+    page = await ctx.table.query(keys.family_pk(family_id), SortKey.begins_with(keys.MEMBER_PREFIX))
+    return [Membership.from_item(item) for item in page.items]
+
+
+async def member_joined(ctx: Context, family: Family, joined: Membership) -> None:
+    members = await _members(ctx, family.id)
+    if joined.role == "PENDING":
+        kind = "MEMBER_PENDING"
+        can_admit = ("ADMIN", "MEMBER") if family.trust_level == "VOUCHED" else ("ADMIN",)
+        to = [m.user_id for m in members if m.role in can_admit and m.user_id != joined.user_id]
+    else:
+        kind = "MEMBER_JOINED"
+        to = [m.user_id for m in members if m.role == "ADMIN" and m.user_id != joined.user_id]
+    await _family_note(ctx, family, joined, kind, to)
+
+
+async def member_admitted(ctx: Context, family: Family, admitted: Membership) -> None:
+    members = await _members(ctx, family.id)
+    to = [m.user_id for m in members if m.role == "ADMIN" and m.user_id != admitted.user_id]
+    await _family_note(ctx, family, admitted, "MEMBER_JOINED", to)
+
+
+async def _family_note(
+    ctx: Context, family: Family, member: Membership, kind: str, to: Sequence[str]
+) -> None:
+    now = ctx.services.now_iso()
+    notes = [
+        Notification(
+            user_id=user_id,
+            id=notification_id(kind, family.id, member.user_id, member.joined_at, user_id),
+            type=kind,
+            created_at=now,
+            family_id=family.id,
+        )
+        for user_id in to
+    ]
+    await write(ctx.table, broker_of(ctx), notes)
+
+
+async def notifications_page(ctx: Context, first: int, after: str | None, unread_only: bool) -> ItemPage:
+    """Newest first. Unread-only pages read on past read items (bounded)."""
+    check_first(first)
+    viewer = await ctx.viewer_id()
+    scope = f"notifications:{viewer}:{unread_only}"
+    position = ctx.services.cursors.open(scope, after) if after else None
+    found: list[dict[str, object]] = []
+    scanned = 0
+    has_next = False
+    while True:
+        try:
+            page = await ctx.table.query(
+                keys.user_pk(viewer),
+                SortKey.begins_with(keys.NOTIFICATION_PREFIX),
+                descending=True,
+                limit=first if not unread_only else max(first, 50),
+                cursor=position,
+            )
+        except InvalidCursor as error:
+            from resolvers.errors import BadInput
+
+            raise BadInput("the cursor is not valid") from error
+        for item in page.items:
+            scanned += 1
+            if unread_only and item.get("read"):
+                continue
+            if len(found) == first:
+                has_next = True
+                break
+            found.append(item)
+        if has_next or page.cursor is None or scanned >= MAX_UNREAD_SCAN:
+            has_next = has_next or (page.cursor is not None and len(found) == first)
+            break
+        position = page.cursor
+    cursors = [ctx.services.cursors.sign(scope, cursor_for(item, "table")) for item in found]
+    return ItemPage(found, cursors, has_next)
+
+
+async def mark_read(ctx: Context, ids: Sequence[str] | None) -> int:
+    viewer = await ctx.viewer_id()
+    wanted = set(ids) if ids is not None else None
+    changed = 0
+    cursor: str | None = None
+    while True:
+        page = await ctx.table.query(
+            keys.user_pk(viewer), SortKey.begins_with(keys.NOTIFICATION_PREFIX), cursor=cursor, limit=100
+        )
+        for item in page.items:
+            if item.get("read") or (wanted is not None and item["id"] not in wanted):
+                continue
+            try:
+                await ctx.table.update(
+                    Update((item["PK"], item["SK"]), set={"read": True}, condition=eq("read", False))
+                )
+            except ConditionFailed:
+                continue
+            changed += 1
+        if page.cursor is None:
+            return changed
+        cursor = page.cursor

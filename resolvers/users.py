@@ -1,0 +1,66 @@
+"""Profiles: the viewer's own, and those of people they share a family with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resolvers.context import Context
+from resolvers.errors import NotFound, not_found
+from resolvers.families import can_see_user
+from resolvers.validation import clean_text, clean_url
+from store import keys
+from store.items import User
+from store.port import ConditionFailed, Exists, Update
+
+MAX_NAME = 100
+
+
+async def load_user(ctx: Context, user_id: str) -> User:
+    item = await ctx.loaders.item.load(keys.user(user_id))
+    if item is None:
+        # Users are never deleted; a dangling id means data went missing.
+        raise NotFound("user not found")
+    return User.from_item(item)
+
+
+async def me(ctx: Context) -> User:
+    return await load_user(ctx, await ctx.viewer_id())
+
+
+async def user(ctx: Context, user_id: str) -> User:
+    if "#" in user_id or not await can_see_user(ctx, user_id):
+        raise not_found("user")
+    return await load_user(ctx, user_id)
+
+
+async def _update_me(ctx: Context, changes: dict[str, Any]) -> User:
+    viewer = await ctx.viewer_id()
+    try:
+        item = await ctx.table.update(Update(keys.user(viewer), set=changes, condition=Exists()))
+    except ConditionFailed as error:
+        raise NotFound("user not found") from error
+    ctx.loaders.remember(item)
+    return User.from_item(item)
+
+
+async def update_profile(
+    ctx: Context,
+    *,
+    given_name: str | None = None,
+    family_name: str | None = None,
+    profile_image_url: str | None = None,
+) -> User:
+    changes: dict[str, Any] = {}
+    if given_name is not None:
+        changes["givenName"] = clean_text(given_name, "givenName", MAX_NAME)
+    if family_name is not None:
+        changes["familyName"] = clean_text(family_name, "familyName", MAX_NAME)
+    if profile_image_url is not None:
+        changes["profileImageUrl"] = clean_url(profile_image_url, "profileImageUrl")
+    if not changes:
+        return await me(ctx)
+    return await _update_me(ctx, changes)
+
+
+async def complete_onboarding(ctx: Context) -> User:
+    return await _update_me(ctx, {"onboardingComplete": True})

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from datetime import datetime
+
+import strawberry
+
+from schema.common import Info, when
+from store import items
+
+
+@strawberry.type
+class User:
+    item: strawberry.Private[items.User]
+
+    @strawberry.field
+    def id(self) -> strawberry.ID:
+        return strawberry.ID(self.item.id)
+
+    @strawberry.field(description="null unless the viewer is this user")
+    async def email(self, info: Info) -> str | None:
+        if info.context.claims is not None and info.context.claims.sub == self.item.id:
+            return self.item.email
+        return None
+
+    @strawberry.field
+    def given_name(self) -> str | None:
+        return self.item.given_name
+
+    @strawberry.field
+    def family_name(self) -> str | None:
+        return self.item.family_name
+
+    @strawberry.field
+    def profile_image_url(self) -> str | None:
+        return self.item.profile_image_url
+
+    @strawberry.field
+    def created_at(self) -> datetime:
+        return when(self.item.created_at)
+
+    @strawberry.field
+    def onboarding_complete(self) -> bool:
+        return self.item.onboarding_complete

@@ -1,0 +1,89 @@
+"""A wrapper around any table that counts store calls and sequential round trips.
+
+A round trip is a wave of calls in flight together: a call that starts while no
+other call is in flight opens a new one. An optional simulated latency makes
+every call take at least that long, so calls issued by one resolver level
+overlap as they would over a network, whatever the engine underneath.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
+
+from store.port import Condition, Index, Item, Key, Page, SortKey, Table, Update, WriteOp
+
+T = TypeVar("T")
+
+
+class CountingTable:
+    def __init__(self, inner: Table, latency: float = 0.0) -> None:
+        self.inner = inner
+        self.latency = latency
+        self.calls: Counter[str] = Counter()
+        self.round_trips = 0
+        self._in_flight = 0
+
+    @property
+    def total_calls(self) -> int:
+        return sum(self.calls.values())
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.round_trips = 0
+
+    async def _count(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
+        self.calls[name] += 1
+        if self._in_flight == 0:
+            self.round_trips += 1
+        self._in_flight += 1
+        try:
+            if self.latency:
+                await asyncio.sleep(self.latency)
+            return await call()
+        finally:
+            self._in_flight -= 1
+
+    async def get(self, key: Key) -> Item | None:
+        return await self._count("get", lambda: self.inner.get(key))
+
+    async def batch_get(self, keys: Sequence[Key]) -> dict[Key, Item]:
+        return await self._count("batch_get", lambda: self.inner.batch_get(keys))
+
+    async def query(
+        self,
+        pk: str,
+        sk: SortKey | None = None,
+        *,
+        index: Index = "table",
+        descending: bool = False,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> Page:
+        return await self._count(
+            "query",
+            lambda: self.inner.query(pk, sk, index=index, descending=descending, limit=limit, cursor=cursor),
+        )
+
+    async def put(self, item: Item, condition: Condition | None = None) -> None:
+        await self._count("put", lambda: self.inner.put(item, condition))
+
+    async def update(self, update: Update) -> Item:
+        return await self._count("update", lambda: self.inner.update(update))
+
+    async def delete(self, key: Key, condition: Condition | None = None) -> Item | None:
+        return await self._count("delete", lambda: self.inner.delete(key, condition))
+
+    async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
+        await self._count("batch_write", lambda: self.inner.batch_write(puts, deletes))
+
+    async def transact(self, ops: Sequence[WriteOp]) -> None:
+        await self._count("transact", lambda: self.inner.transact(ops))
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,140 @@
+"""An app per test on a fresh table, on each storage engine, driven over HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app import create_app
+from resolvers.auth import mint_token
+from resolvers.config import Settings
+from store.counting import CountingTable
+from store.port import Table
+from tests.clock import FakeClock
+
+SECRET = "test-secret-" + "x" * 32
+
+
+class Api:
+    def __init__(self, app: Any, client: httpx.AsyncClient, table: Table, clock: FakeClock) -> None:
+        self.app = app
+        self.client = client
+        self.table = table
+        self.clock = clock
+
+    @property
+    def services(self) -> Any:
+        return self.app.state.services
+
+    def token(self, user_id: str, **claims: Any) -> str:
+        claims.setdefault("given_name", user_id.capitalize())
+        claims.setdefault("email", f"{user_id}@example.org")
+        return mint_token(SECRET, user_id, **claims)
+
+    async def post(
+        self,
+        query: str,
+        variables: dict[str, Any] | None = None,
+        *,
+        as_: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        headers = dict(headers or {})
+        if as_ is not None:
+            headers["Authorization"] = f"Bearer {self.token(as_)}"
+        response = await self.client.post(
+            "/graphql", json={"query": query, "variables": variables or {}}, headers=headers
+        )
+        assert response.status_code in (200, 400), response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def ok(self, query: str, variables: dict[str, Any] | None = None, *, as_: str) -> Any:
+        body = await self.post(query, variables, as_=as_)
+        assert "errors" not in body, body
+        return body["data"]
+
+    async def error(
+        self, query: str, variables: dict[str, Any] | None = None, *, as_: str | None
+    ) -> tuple[str, str]:
+        body = await self.post(query, variables, as_=as_)
+        assert body.get("errors"), body
+        first = body["errors"][0]
+        assert "Traceback" not in first["message"]
+        return first["extensions"]["code"], first["message"]
+
+    async def snapshot(self) -> dict[tuple[str, str], dict[str, Any]]:
+        return await dump(self.table)
+
+
+async def dump(table: Table) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every item in the table, for "nothing changed" assertions."""
+    inner = getattr(table, "inner", table)
+    from store.sqlite import SqliteTable
+
+    if isinstance(inner, SqliteTable):
+        import json
+
+        rows = inner._db.execute("SELECT pk, sk, body FROM items").fetchall()
+        return {(pk, sk): json.loads(body) for pk, sk, body in rows}
+    from store.dynamodb import DynamoTable, deserialize_item
+
+    assert isinstance(inner, DynamoTable)
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    params: dict[str, Any] = {"TableName": inner.table_name, "ConsistentRead": True}
+    while True:
+        page = await inner.client.scan(**params)
+        for raw in page["Items"]:
+            item = deserialize_item(raw)
+            found[(item["PK"], item["SK"])] = item
+        if "LastEvaluatedKey" not in page:
+            return found
+        params["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+@contextlib.asynccontextmanager
+async def open_table(engine: str, tmp_path: Path, moto_url: str | None) -> AsyncIterator[Table]:
+    if engine == "sqlite":
+        from store.sqlite import SqliteTable
+
+        table = SqliteTable(tmp_path / "table.sqlite3")
+        try:
+            yield table
+        finally:
+            await table.close()
+        return
+    from store.dynamodb import create_table, open_dynamo_table
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    async with open_dynamo_table(name, moto_url, "us-east-1") as dynamo:
+        await create_table(dynamo.client, name)  # type: ignore[attr-defined]
+        yield dynamo
+
+
+def engine_params() -> list[Any]:
+    return [pytest.param("sqlite", id="sqlite"), pytest.param("dynamodb", id="dynamodb")]
+
+
+@pytest.fixture(params=engine_params())
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def api(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Api]:
+    moto_url = request.getfixturevalue("moto_server") if engine == "dynamodb" else None
+    clock = FakeClock()
+    settings = Settings(data_dir=tmp_path / "data", auth_secret=SECRET, unlock_poll_seconds=0.2)
+    async with open_table(engine, tmp_path, moto_url) as table:
+        counting = CountingTable(table)
+        app = create_app(settings, table=counting, clock=clock)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+                yield Api(app, client, counting, clock)

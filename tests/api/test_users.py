@@ -1,0 +1,86 @@
+"""Sign-in, the first request of a new user, and profiles."""
+
+from __future__ import annotations
+
+import jwt
+
+from tests.api.conftest import SECRET, Api
+from tests.factories import family_with_members
+
+ME = "{ me { id email givenName familyName profileImageUrl onboardingComplete createdAt } }"
+
+
+async def test_first_request_creates_the_user_from_claims(api: Api) -> None:
+    token = api.token(
+        "ana",
+        email="ana@example.org",
+        given_name="Ana",
+        family_name="García",
+        picture="https://example.org/ana.png",
+    )
+    body = await api.post(ME, headers={"Authorization": f"Bearer {token}"})
+    me = body["data"]["me"]
+    assert me["id"] == "ana"
+    assert me["email"] == "ana@example.org"
+    assert (me["givenName"], me["familyName"]) == ("Ana", "García")
+    assert me["profileImageUrl"] == "https://example.org/ana.png"
+    assert me["onboardingComplete"] is False
+    assert me["createdAt"].endswith("+00:00")
+    assert ("USER#ana", "PROFILE") in await api.snapshot()
+
+
+async def test_no_token_bad_signature_and_expired_token_are_unauthenticated_and_write_nothing(
+    api: Api,
+) -> None:
+    before = await api.snapshot()
+    assert await api.error(ME, as_=None) == ("UNAUTHENTICATED", "sign in: send a Bearer token")
+    forged = jwt.encode({"sub": "eve", "exp": 2_000_000_000}, "another-secret-" + "y" * 32, algorithm="HS256")
+    body = await api.post(ME, headers={"Authorization": f"Bearer {forged}"})
+    assert body["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+    expired = jwt.encode({"sub": "eve", "exp": 1_000_000}, SECRET, algorithm="HS256")
+    body = await api.post(ME, headers={"Authorization": f"Bearer {expired}"})
+    assert body["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+    assert body["errors"][0]["message"] == "the token has expired"
+    body = await api.post(ME, headers={"Authorization": "Basic abc"})
+    assert body["errors"][0]["extensions"]["code"] == "UNAUTHENTICATED"
+    assert await api.snapshot() == before
+
+
+async def test_update_profile_and_onboarding(api: Api) -> None:
+    data = await api.ok(
+        'mutation { updateProfile(input: {givenName: " Ana María ", profileImageUrl: "https://x.org/a.png"})'
+        " { givenName familyName profileImageUrl } }",
+        as_="ana",
+    )
+    assert data["updateProfile"] == {
+        "givenName": "Ana María",
+        "familyName": None,
+        "profileImageUrl": "https://x.org/a.png",
+    }
+    data = await api.ok("mutation { completeOnboarding { onboardingComplete } }", as_="ana")
+    assert data["completeOnboarding"]["onboardingComplete"] is True
+    assert (await api.ok(ME, as_="ana"))["me"]["onboardingComplete"] is True
+
+
+async def test_update_profile_refuses_bad_input_and_changes_nothing(api: Api) -> None:
+    await api.ok(ME, as_="ana")
+    before = await api.snapshot()
+    for profile in (
+        '{givenName: ""}',
+        '{givenName: "   "}',
+        '{familyName: "' + "x" * 101 + '"}',
+        '{profileImageUrl: "javascript:alert(1)"}',
+    ):
+        code, message = await api.error(f"mutation {{ updateProfile(input: {profile}) {{ id }} }}", as_="ana")
+        assert code == "BAD_USER_INPUT", message
+    assert await api.snapshot() == before
+
+
+async def test_user_is_visible_only_to_relatives_and_email_only_to_oneself(api: Api) -> None:
+    await family_with_members(api, "ana", ["ben"])
+    await api.ok(ME, as_="zoe")
+    data = await api.ok('{ user(id: "ben") { id givenName email } }', as_="ana")
+    assert data["user"] == {"id": "ben", "givenName": "Ben", "email": None}
+    assert (await api.error('{ user(id: "ben") { id } }', as_="zoe"))[0] == "NOT_FOUND"
+    assert (await api.error('{ user(id: "nobody") { id } }', as_="ana"))[0] == "NOT_FOUND"
+    assert (await api.ok('{ user(id: "ana") { email } }', as_="ana"))["user"]["email"] == "ana@example.org"

@@ -1,0 +1,100 @@
+"""Make small test media files (video, audio, images, garbage) in a given folder.
+
+Sync helpers using the ffmpeg binary shipped by imageio-ffmpeg (lavfi test sources) and Pillow.
+Each call writes a fresh file and returns its path.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+from pathlib import Path
+
+import imageio_ffmpeg
+from PIL import Image, ImageDraw
+
+FFMPEG_TIMEOUT_SECONDS = 60
+
+
+def _ffmpeg(*args: str) -> None:
+    cmd = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", "-loglevel", "error", "-y", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=FFMPEG_TIMEOUT_SECONDS, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"ffmpeg failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr}")
+
+
+def make_video_with_tone(
+    dir: Path, name: str = "tone.mp4", *, size: tuple[int, int] = (320, 240), seconds: float = 1.0
+) -> Path:
+    """A `seconds`-long H.264/AAC MP4 (test pattern, 25 fps) with a 440 Hz tone."""
+    out = Path(dir) / name
+    w, h = size
+    _ffmpeg(
+        "-f", "lavfi", "-i", f"testsrc=size={w}x{h}:rate=25:duration={seconds}",
+        "-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=44100:duration={seconds}",
+        "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
+        "-c:a", "aac", "-b:a", "64k", "-shortest", str(out),
+    )  # fmt: skip
+    return out
+
+
+def make_silent_video(
+    dir: Path, name: str = "silent.mp4", *, size: tuple[int, int] = (320, 240), seconds: float = 1.0
+) -> Path:
+    """A `seconds`-long H.264 MP4 with no audio stream."""
+    out = Path(dir) / name
+    w, h = size
+    _ffmpeg(
+        "-f", "lavfi", "-i", f"testsrc=size={w}x{h}:rate=25:duration={seconds}",
+        "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p", "-an", str(out),
+    )  # fmt: skip
+    return out
+
+
+def make_audio_clip(dir: Path, name: str = "tone.wav", *, seconds: float = 1.0) -> Path:
+    """A `seconds`-long 440 Hz tone; the container/codec follow the suffix (.wav, .mp3, .m4a...)."""
+    out = Path(dir) / name
+    _ffmpeg("-f", "lavfi", "-i", f"sine=frequency=440:sample_rate=44100:duration={seconds}", str(out))
+    return out
+
+
+def make_audio_with_cover(dir: Path, name: str = "cover.mp3", *, seconds: float = 1.0) -> Path:
+    """An MP3 tone with an embedded cover picture (an attached pic, not a real video)."""
+    cover = make_png(dir, size=(64, 64), name="cover-art.png")
+    out = Path(dir) / name
+    _ffmpeg(
+        "-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}", "-i", str(cover),
+        "-map", "0:a", "-map", "1:v", "-c:a", "libmp3lame", "-c:v", "png",
+        "-disposition:v", "attached_pic", "-id3v2_version", "3", str(out),
+    )  # fmt: skip
+    return out
+
+
+def make_png(dir: Path, size: tuple[int, int] = (800, 600), name: str | None = None) -> Path:
+    """An RGB PNG of `size` with a diagonal gradient and a marker in the top-left corner."""
+    w, h = size
+    out = Path(dir) / (name or f"photo-{w}x{h}.png")
+    img = Image.linear_gradient("L").resize((w, h)).convert("RGB")
+    ImageDraw.Draw(img).rectangle((0, 0, max(w // 8, 1), max(h // 8, 1)), fill=(255, 0, 0))
+    img.save(out, "PNG", compress_level=1)
+    return out
+
+
+def make_jpeg_with_orientation(
+    dir: Path, size: tuple[int, int] = (800, 600), orientation: int = 6, name: str | None = None
+) -> Path:
+    """A JPEG stored as `size` whose EXIF says to rotate it (6 = 90° clockwise on display)."""
+    w, h = size
+    out = Path(dir) / (name or f"rotated-{w}x{h}-o{orientation}.jpg")
+    img = Image.new("RGB", (w, h), (0, 128, 255))
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    img.save(out, "JPEG", exif=exif.tobytes())
+    return out
+
+
+def make_garbage(dir: Path, name: str = "garbage.bin", size: int = 4096, seed: int = 1234) -> Path:
+    """`size` random bytes (seeded, so every run gets the same bytes)."""
+    out = Path(dir) / name
+    out.write_bytes(random.Random(seed).randbytes(size))
+    return out

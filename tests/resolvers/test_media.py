@@ -1,0 +1,304 @@
+"""Real-behaviour tests for resolvers.media: real ffmpeg runs, real Pillow files."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from resolvers import media
+from resolvers.media import (
+    PHOTO_MAX_SIDE,
+    THUMBNAIL_MAX_SIDE,
+    VIDEO_MAX_SIDE,
+    MediaError,
+    Probe,
+    check_kind,
+    check_photo,
+    probe,
+    transcode_audio,
+    transcode_photo,
+    transcode_video,
+)
+from tests import media_factory as mf
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Source media made once for the module (the slow part is ffmpeg start-up)."""
+    d = tmp_path_factory.mktemp("media-src")
+    return {
+        "tone_video": mf.make_video_with_tone(d),
+        "silent_video": mf.make_silent_video(d),
+        "wide_video": mf.make_silent_video(d, "wide.mp4", size=(1600, 900), seconds=0.2),
+        "audio": mf.make_audio_clip(d),
+        "audio_cover": mf.make_audio_with_cover(d),
+        "png": mf.make_png(d),
+        "big_png": mf.make_png(d, size=(4000, 3000)),
+        "rotated_jpg": mf.make_jpeg_with_orientation(d, size=(800, 600), orientation=6),
+        "garbage": mf.make_garbage(d, "garbage.mp4"),
+    }
+
+
+def _exactly(message: str) -> str:
+    return f"^{re.escape(message)}$"
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def _rgb(img: Image.Image, xy: tuple[int, int]) -> tuple[int, int, int]:
+    pixel = img.getpixel(xy)
+    assert isinstance(pixel, tuple) and len(pixel) == 3
+    return (int(pixel[0]), int(pixel[1]), int(pixel[2]))
+
+
+def _jpeg_size(path: Path) -> tuple[int, int]:
+    with Image.open(path) as img:
+        assert img.format == "JPEG"
+        return img.size
+
+
+# ---------------------------------------------------------------------------------------------- probe
+
+
+async def test_probe_video_with_tone(src: dict[str, Path]) -> None:
+    p = await probe(src["tone_video"])
+    assert p.has_video and p.has_audio
+    assert (p.width, p.height) == (320, 240)
+    assert p.duration_seconds == pytest.approx(1.0, abs=0.1)
+    assert (p.video_codec, p.audio_codec) == ("h264", "aac")
+    assert p.format_name is not None and "mp4" in p.format_name
+    assert not p.has_cover_art and not p.is_still_image
+
+
+async def test_probe_silent_video(src: dict[str, Path]) -> None:
+    p = await probe(src["silent_video"])
+    assert p.has_video and not p.has_audio
+    assert p.audio_codec is None
+    assert (p.width, p.height) == (320, 240)
+
+
+async def test_probe_audio_clip(src: dict[str, Path]) -> None:
+    p = await probe(src["audio"])
+    assert p.has_audio and not p.has_video
+    assert p.width is None and p.height is None and p.video_codec is None
+    assert p.audio_codec == "pcm_s16le"
+    assert p.format_name == "wav"
+    assert p.duration_seconds == pytest.approx(1.0, abs=0.05)
+
+
+async def test_probe_audio_with_cover_art_is_not_video(src: dict[str, Path]) -> None:
+    p = await probe(src["audio_cover"])
+    assert p.has_audio and p.audio_codec == "mp3"
+    assert p.has_cover_art and not p.has_video
+    await check_kind(p, "AUDIO")
+    with pytest.raises(MediaError, match="not a video"):
+        await check_kind(p, "VIDEO")
+
+
+async def test_probe_png_is_still_image(src: dict[str, Path]) -> None:
+    p = await probe(src["png"])
+    assert p.has_video and not p.has_audio and p.is_still_image
+    assert (p.width, p.height, p.video_codec) == (800, 600, "png")
+    assert p.duration_seconds is None
+
+
+async def test_probe_garbage_raises(src: dict[str, Path]) -> None:
+    with pytest.raises(MediaError) as info:
+        await probe(src["garbage"])
+    assert str(info.value) == "the file is not a readable audio, video or image file"
+    assert info.value.detail  # ffmpeg's complaint, for the logs only
+    assert "ffmpeg" not in str(info.value) and "\n" not in str(info.value)
+
+
+async def test_probe_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(MediaError, match="could not be found"):
+        await probe(tmp_path / "nope.mp4")
+
+
+async def test_probe_timeout_kills_and_raises(src: dict[str, Path]) -> None:
+    with pytest.raises(MediaError, match="took too long") as info:
+        await probe(src["tone_video"], timeout_seconds=0.001)
+    assert info.value.detail is not None and "timed out" in info.value.detail
+
+
+def test_parse_probe_rotation_and_metadata_cannot_fake_streams() -> None:
+    stderr = (
+        "Input #0, mov,mp4,m4a,3gp,3g2,mj2, from 'file:x.mp4':\n"
+        "  Metadata:\n"
+        "    title           : hello\n"
+        "    Stream #0:9: Audio: fake\n"
+        "  Duration: 00:01:02.50, start: 0.000000, bitrate: 148 kb/s\n"
+        "  Stream #0:0[0x1](und): Video: hevc (Main) (hvc1 / 0x31637668), yuv420p(tv, bt709), "
+        "1920x1080 [SAR 1:1 DAR 16:9], 58 kb/s, 30 fps, 30 tbr, 600 tbn (default)\n"
+        "    Metadata:\n"
+        "      handler_name    : Core Media Video\n"
+        "    Side data:\n"
+        "      Display Matrix: rotation of -90.00 degrees\n"
+        "[mov,mp4,m4a,3gp,3g2,mj2 @ 0x55] some warning\n"
+        "At least one output file must be specified\n"
+    )
+    p = media._parse_probe(stderr)
+    assert p == Probe(
+        has_video=True,
+        has_audio=False,
+        duration_seconds=62.5,
+        width=1080,
+        height=1920,
+        format_name="mov,mp4,m4a,3gp,3g2,mj2",
+        video_codec="hevc",
+        audio_codec=None,
+    )
+    assert media._parse_probe("Error opening input file x.\n") is None
+
+
+# ------------------------------------------------------------------------------------------ check_kind
+
+
+async def test_check_kind_accepts_matching_kinds(src: dict[str, Path]) -> None:
+    await check_kind(await probe(src["tone_video"]), "VIDEO")
+    await check_kind(await probe(src["silent_video"]), "VIDEO")
+    await check_kind(await probe(src["audio"]), "AUDIO")
+    await check_kind(await probe(src["png"]), "PHOTO")
+    assert await check_photo(src["png"]) == (800, 600)
+
+
+async def test_check_kind_audio_as_video(src: dict[str, Path]) -> None:
+    with pytest.raises(MediaError, match=_exactly("the file is not a video: it only has sound")):
+        await check_kind(await probe(src["audio"]), "VIDEO")
+
+
+async def test_check_kind_png_as_video(src: dict[str, Path]) -> None:
+    with pytest.raises(MediaError, match=_exactly("the file is not a video: it is a still image")):
+        await check_kind(await probe(src["png"]), "VIDEO")
+
+
+async def test_check_kind_video_as_audio_and_photo(src: dict[str, Path]) -> None:
+    p = await probe(src["tone_video"])
+    with pytest.raises(MediaError, match="not audio: it contains video"):
+        await check_kind(p, "AUDIO")
+    with pytest.raises(MediaError, match="not a photo"):
+        await check_kind(p, "PHOTO")
+    with pytest.raises(MediaError, match="not a photo: it is a video"):
+        await check_kind(await probe(src["silent_video"]), "PHOTO")
+    with pytest.raises(MediaError, match="not a photo"):
+        await check_kind(await probe(src["audio"]), "PHOTO")
+
+
+async def test_check_kind_garbage_as_photo(src: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(MediaError):
+        await probe(src["garbage"])
+    with pytest.raises(MediaError, match=_exactly("the file is not a photo: the image could not be read")):
+        await check_photo(src["garbage"])
+    with pytest.raises(MediaError, match="not a photo"):
+        await transcode_photo(src["garbage"], tmp_path / "g.jpg", tmp_path / "g-thumb.jpg")
+    assert _files(tmp_path) == []
+
+
+async def test_check_kind_unknown_type(src: dict[str, Path]) -> None:
+    p = await probe(src["png"])
+    with pytest.raises(MediaError, match="unknown content type"):
+        await check_kind(p, "HOLOGRAM")
+    with pytest.raises(MediaError):
+        await check_kind(p, "TEXT")
+
+
+# ----------------------------------------------------------------------------------------- transcoding
+
+
+async def test_transcode_video_with_tone(src: dict[str, Path], tmp_path: Path) -> None:
+    out, thumb = tmp_path / "out.mp4", tmp_path / "thumb.jpg"
+    await transcode_video(src["tone_video"], out, thumb)
+    p = await probe(out)
+    assert (p.video_codec, p.audio_codec) == ("h264", "aac")
+    assert (p.width, p.height) == (320, 240)
+    assert p.duration_seconds == pytest.approx(1.0, abs=0.1)
+    head = out.read_bytes()[:65536]
+    assert head.find(b"moov") != -1 and head.find(b"moov") < head.find(b"mdat")  # faststart
+    # 320x240 source: the long side is already THUMBNAIL_MAX_SIDE, so no scaling at all.
+    assert _jpeg_size(thumb) == (THUMBNAIL_MAX_SIDE, 240) == (320, 240)
+
+
+async def test_transcode_silent_video_has_no_audio(src: dict[str, Path], tmp_path: Path) -> None:
+    out, thumb = tmp_path / "out.mp4", tmp_path / "thumb.jpg"
+    await transcode_video(src["silent_video"], out, thumb)
+    p = await probe(out)
+    assert p.has_video and not p.has_audio
+    assert p.video_codec == "h264"
+    assert _jpeg_size(thumb) == (320, 240)
+
+
+async def test_transcode_video_bounds_long_side(src: dict[str, Path], tmp_path: Path) -> None:
+    out, thumb = tmp_path / "out.mp4", tmp_path / "thumb.jpg"
+    await transcode_video(src["wide_video"], out, thumb)
+    p = await probe(out)
+    assert (p.width, p.height) == (VIDEO_MAX_SIDE, 720)  # 1600x900 -> 1280x720
+    assert _jpeg_size(thumb) == (320, 180)
+
+
+async def test_transcode_video_refuses_audio_and_cleans_up(src: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(MediaError, match="not a video"):
+        await transcode_video(src["audio"], tmp_path / "o.mp4", tmp_path / "t.jpg")
+    with pytest.raises(MediaError, match="took too long"):
+        await transcode_video(
+            src["tone_video"], tmp_path / "o.mp4", tmp_path / "t.jpg", timeout_seconds=0.001
+        )
+    assert _files(tmp_path) == []
+
+
+async def test_transcode_audio_to_m4a(src: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out.m4a"
+    await transcode_audio(src["audio"], out)
+    p = await probe(out)
+    assert p.has_audio and not p.has_video and not p.has_cover_art
+    assert p.audio_codec == "aac"
+    assert p.duration_seconds == pytest.approx(1.0, abs=0.1)
+    assert out.read_bytes()[4:12] == b"ftypM4A "
+
+
+async def test_transcode_audio_drops_cover_art(src: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out.m4a"
+    await transcode_audio(src["audio_cover"], out)
+    p = await probe(out)
+    assert p.audio_codec == "aac" and not p.has_video and not p.has_cover_art
+
+
+async def test_transcode_photo_keeps_small_size(src: dict[str, Path], tmp_path: Path) -> None:
+    out, thumb = tmp_path / "out.jpg", tmp_path / "thumb.jpg"
+    await transcode_photo(src["png"], out, thumb)
+    assert _jpeg_size(out) == (800, 600)
+    assert _jpeg_size(thumb) == (320, 240)
+    with Image.open(out) as img:
+        assert img.mode == "RGB"
+        r, g, b = _rgb(img, (5, 5))
+        assert r > 200 and g < 60 and b < 60  # the red marker stays top-left
+
+
+async def test_transcode_photo_bounds_big_photo(src: dict[str, Path], tmp_path: Path) -> None:
+    out, thumb = tmp_path / "out.jpg", tmp_path / "thumb.jpg"
+    await transcode_photo(src["big_png"], out, thumb)
+    assert _jpeg_size(out) == (PHOTO_MAX_SIDE, 1536)
+    assert _jpeg_size(thumb) == (320, 240)
+
+
+async def test_transcode_photo_applies_exif_orientation(src: dict[str, Path], tmp_path: Path) -> None:
+    out, thumb = tmp_path / "out.jpg", tmp_path / "thumb.jpg"
+    await transcode_photo(src["rotated_jpg"], out, thumb)
+    assert _jpeg_size(out) == (600, 800)
+    assert _jpeg_size(thumb) == (240, 320)
+    with Image.open(out) as img:
+        assert 0x0112 not in img.getexif()  # EXIF (orientation, location) is not copied
+
+
+async def test_transcode_photo_flattens_transparency(tmp_path: Path) -> None:
+    src = tmp_path / "alpha.png"
+    Image.new("RGBA", (50, 40), (0, 0, 0, 0)).save(src)
+    out, thumb = tmp_path / "out.jpg", tmp_path / "thumb.jpg"
+    await transcode_photo(src, out, thumb)
+    with Image.open(out) as img:
+        assert (img.format, img.mode, img.size) == ("JPEG", "RGB", (50, 40))
+        assert min(_rgb(img, (25, 20))) > 240  # white, not black
