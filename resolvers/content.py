@@ -205,6 +205,8 @@ async def _capsule_for_upload(ctx: Context, capsule_id: str, family_id: str, vie
         raise BadInput("the capsule belongs to another family")
     if capsule.status != "SCHEDULED" or capsule.content_id is not None:
         raise Conflict("content can be added only to a SCHEDULED capsule without content")
+    if capsule.unlock_date <= ctx.services.now_iso():
+        raise Conflict("the capsule's unlock date has passed; it stays closed")
     return capsule
 
 
@@ -227,6 +229,9 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
     now = ctx.services.now_iso()
     ops: list[WriteOp] = [content.transition("PROCESSING", now)]
     if content.capsule_id is not None:
+        capsule_item = await ctx.table.get(keys.capsule(content.capsule_id))
+        if capsule_item is None or capsule_item["unlockDate"] <= now:
+            raise Conflict("the capsule's unlock date has passed; it stays closed")
         ops.append(
             Update(
                 keys.capsule(content.capsule_id),

@@ -11,6 +11,7 @@ from strawberry.extensions import MaxAliasesLimiter, MaxTokensLimiter, QueryDept
 from schema.errors import ContractErrors
 from schema.mutation import Mutation
 from schema.query import Query
+from schema.subscription import Subscription
 
 MAX_DEPTH = 12
 MAX_ALIASES = 30
@@ -28,6 +29,7 @@ def build_schema() -> strawberry.Schema:
     return MiFamiliasSchema(
         query=Query,
         mutation=Mutation,
+        subscription=Subscription,
         extensions=[
             ContractErrors,
             QueryDepthLimiter(max_depth=MAX_DEPTH),

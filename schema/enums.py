@@ -62,3 +62,7 @@ class NotificationType(Enum):
     NEW_COMMENT = "NEW_COMMENT"
     MEMBER_JOINED = "MEMBER_JOINED"
     MEMBER_PENDING = "MEMBER_PENDING"
+    CAPSULE_EMPTY = strawberry.enum_value(
+        "CAPSULE_EMPTY",
+        description="to a capsule's creator: its date came with no content, so it stays closed",
+    )

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING, Annotated
 
 import strawberry
 
@@ -11,6 +12,9 @@ from schema.common import Info, PageInfo, when
 from schema.enums import FamilyRole, TrustLevel
 from schema.user import User
 from store import items
+
+if TYPE_CHECKING:
+    from schema.content import ContentConnection
 
 
 @strawberry.type
@@ -66,6 +70,14 @@ class Family:
             ],
             page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
         )
+
+    @strawberry.field(description="newest first; PENDING members cannot read it")
+    async def feed(
+        self, info: Info, first: int | None = 20, after: str | None = None
+    ) -> Annotated[ContentConnection, strawberry.lazy("schema.content")]:
+        from schema.content import feed_connection
+
+        return await feed_connection(info, self.item.id, first, after)
 
 
 @strawberry.type

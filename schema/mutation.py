@@ -1,10 +1,15 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 import strawberry
 
-from resolvers import families, users
+from resolvers import capsules, families, notifications, users
+from resolvers import content as content_resolvers
+from schema.capsule import Capsule
 from schema.common import Info
-from schema.enums import TrustLevel
+from schema.content import Comment, Content, Upload
+from schema.enums import ContentType, TrustLevel
 from schema.family import Family, FamilyMember
 from schema.user import User
 
@@ -21,6 +26,30 @@ class CreateFamilyInput:
     name: str
     trust_level: TrustLevel = TrustLevel.OPEN
     vouch_threshold: int = 2
+
+
+@strawberry.input
+class CreateUploadInput:
+    family_id: strawberry.ID
+    type: ContentType
+    mime_type: str = strawberry.field(description="the MIME type of the bytes, e.g. video/mp4")
+    size_bytes: int
+    title: str | None = None
+    capsule_id: strawberry.ID | None = strawberry.field(
+        default=None,
+        description="set when the content is what a capsule wraps; it then stays out of the feed until "
+        "the capsule unlocks",
+    )
+
+
+@strawberry.input
+class CreateCapsuleInput:
+    family_id: strawberry.ID
+    title: str
+    unlock_date: datetime
+    recipient_ids: list[strawberry.ID] = strawberry.field(
+        description="members of the family; the creator may be among them"
+    )
 
 
 @strawberry.type
@@ -74,3 +103,88 @@ class Mutation:
     @strawberry.mutation
     async def leave_family(self, info: Info, family_id: strawberry.ID) -> bool:
         return await families.leave_family(info.context, str(family_id))
+
+    @strawberry.mutation(description="creates the Content in UPLOADING and returns where to send the bytes")
+    async def create_upload(self, info: Info, input: CreateUploadInput) -> Upload:
+        content, url, expires_at = await content_resolvers.create_upload(
+            info.context,
+            family_id=str(input.family_id),
+            content_type=input.type.value,
+            mime_type=input.mime_type,
+            size_bytes=input.size_bytes,
+            title=input.title,
+            capsule_id=str(input.capsule_id) if input.capsule_id is not None else None,
+        )
+        return Upload(content=Content(item=content), upload_url=url, expires_at=expires_at)
+
+    @strawberry.mutation(
+        description="UPLOADING -> PROCESSING once the bytes are there; BAD_USER_INPUT if they are not"
+    )
+    async def complete_upload(self, info: Info, content_id: strawberry.ID) -> Content:
+        return Content(item=await content_resolvers.complete_upload(info.context, str(content_id)))
+
+    @strawberry.mutation(description="FAILED -> PROCESSING")
+    async def retry_content(self, info: Info, content_id: strawberry.ID) -> Content:
+        return Content(item=await content_resolvers.retry_content(info.context, str(content_id)))
+
+    @strawberry.mutation(description="ARCHIVED -> READY")
+    async def restore_content(self, info: Info, content_id: strawberry.ID) -> Content:
+        return Content(item=await content_resolvers.restore_content(info.context, str(content_id)))
+
+    @strawberry.mutation(
+        description="READY -> DELIVERED when someone other than the author views it; otherwise unchanged"
+    )
+    async def mark_content_viewed(self, info: Info, content_id: strawberry.ID) -> Content:
+        return Content(item=await content_resolvers.mark_viewed(info.context, str(content_id)))
+
+    @strawberry.mutation
+    async def delete_content(self, info: Info, content_id: strawberry.ID) -> bool:
+        return await content_resolvers.delete_content(info.context, str(content_id))
+
+    @strawberry.mutation
+    async def add_comment(self, info: Info, content_id: strawberry.ID, body: str) -> Comment:
+        return Comment(item=await content_resolvers.add_comment(info.context, str(content_id), body))
+
+    @strawberry.mutation
+    async def delete_comment(self, info: Info, content_id: strawberry.ID, comment_id: strawberry.ID) -> bool:
+        return await content_resolvers.delete_comment(info.context, str(content_id), str(comment_id))
+
+    @strawberry.mutation(description="idempotent: reacting twice with the same emoji counts once")
+    async def add_reaction(self, info: Info, content_id: strawberry.ID, emoji: str) -> Content:
+        return Content(item=await content_resolvers.add_reaction(info.context, str(content_id), emoji))
+
+    @strawberry.mutation
+    async def remove_reaction(self, info: Info, content_id: strawberry.ID, emoji: str) -> Content:
+        return Content(item=await content_resolvers.remove_reaction(info.context, str(content_id), emoji))
+
+    @strawberry.mutation
+    async def create_capsule(self, info: Info, input: CreateCapsuleInput) -> Capsule:
+        capsule = await capsules.create_capsule(
+            info.context,
+            str(input.family_id),
+            input.title,
+            input.unlock_date,
+            [str(r) for r in input.recipient_ids],
+        )
+        return Capsule(item=capsule)
+
+    @strawberry.mutation(description="DRAFT -> SCHEDULED")
+    async def schedule_capsule(self, info: Info, capsule_id: strawberry.ID) -> Capsule:
+        return Capsule(item=await capsules.schedule_capsule(info.context, str(capsule_id)))
+
+    @strawberry.mutation(description="DRAFT or SCHEDULED -> CANCELLED; CONFLICT once LOCKED")
+    async def cancel_capsule(self, info: Info, capsule_id: strawberry.ID) -> Capsule:
+        return Capsule(item=await capsules.cancel_capsule(info.context, str(capsule_id)))
+
+    @strawberry.mutation(
+        description="a recipient opens an AVAILABLE capsule: AVAILABLE -> VIEWED (first open)"
+    )
+    async def open_capsule(self, info: Info, capsule_id: strawberry.ID) -> Capsule:
+        return Capsule(item=await capsules.open_capsule(info.context, str(capsule_id)))
+
+    @strawberry.mutation(
+        description="marks the given notifications read, or all of the viewer's when ids is null; "
+        "returns how many changed"
+    )
+    async def mark_notifications_read(self, info: Info, ids: list[strawberry.ID] | None = None) -> int:
+        return await notifications.mark_read(info.context, None if ids is None else [str(i) for i in ids])

@@ -2,11 +2,17 @@ from __future__ import annotations
 
 import strawberry
 
-from resolvers import families, users
+from resolvers import capsules, families, notifications, users
+from resolvers import content as content_resolvers
 from resolvers.errors import not_found
-from schema.common import Info
+from resolvers.pagination import page_size
+from schema.capsule import Capsule, CapsuleConnection, CapsuleEdge
+from schema.common import Info, PageInfo
+from schema.content import Content
 from schema.family import Family, FamilyMember
+from schema.notification import Notification, NotificationConnection, NotificationEdge
 from schema.user import User
+from store import items, keys
 
 
 @strawberry.type
@@ -29,3 +35,59 @@ class Query:
             raise not_found("family")
         family, _ = await families.visible_family(info.context, str(id))
         return Family(item=family)
+
+    @strawberry.field
+    async def content(self, info: Info, id: strawberry.ID) -> Content | None:
+        found, _ = await content_resolvers.readable_content(info.context, str(id))
+        return Content(item=found)
+
+    @strawberry.field
+    async def capsule(self, info: Info, id: strawberry.ID) -> Capsule | None:
+        return Capsule(item=await capsules.visible_capsule(info.context, str(id)))
+
+    @strawberry.field(description="capsules the viewer created, newest first")
+    async def my_capsules(
+        self, info: Info, first: int | None = 20, after: str | None = None
+    ) -> CapsuleConnection:
+        page = await capsules.my_capsules(info.context, page_size(first, 20), after)
+        return CapsuleConnection(
+            edges=[
+                CapsuleEdge(cursor=cursor, node=Capsule(item=items.Capsule.from_item(item)))
+                for item, cursor in zip(page.items, page.cursors, strict=True)
+            ],
+            page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+        )
+
+    @strawberry.field(
+        description="capsules the viewer is a recipient of and may know about (SCHEDULED or later, not CANCELLED)"
+    )
+    async def received_capsules(
+        self, info: Info, first: int | None = 20, after: str | None = None
+    ) -> CapsuleConnection:
+        page = await capsules.received_capsules(info.context, page_size(first, 20), after)
+        found = await info.context.loaders.many([keys.capsule(item["capsuleId"]) for item in page.items])
+        edges = []
+        for capsule_item, cursor in zip(found, page.cursors, strict=True):
+            if capsule_item is None:
+                continue
+            capsule = items.Capsule.from_item(capsule_item)
+            if capsules.can_see(capsule, await info.context.viewer_id()):
+                edges.append(CapsuleEdge(cursor=cursor, node=Capsule(item=capsule)))
+        return CapsuleConnection(
+            edges=edges, page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor)
+        )
+
+    @strawberry.field
+    async def notifications(
+        self, info: Info, first: int | None = 20, after: str | None = None, unread_only: bool | None = False
+    ) -> NotificationConnection:
+        page = await notifications.notifications_page(
+            info.context, page_size(first, 20), after, bool(unread_only)
+        )
+        return NotificationConnection(
+            edges=[
+                NotificationEdge(cursor=cursor, node=Notification(item=items.Notification.from_item(item)))
+                for item, cursor in zip(page.items, page.cursors, strict=True)
+            ],
+            page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+        )

@@ -69,6 +69,11 @@ class Api:
         assert "Traceback" not in first["message"]
         return first["extensions"]["code"], first["message"]
 
+    async def sign_in(self, *users: str) -> None:
+        """First requests create profiles; tests that compare snapshots make them first."""
+        for user in users:
+            await self.ok("{ me { id } }", as_=user)
+
     async def snapshot(self) -> dict[tuple[str, str], dict[str, Any]]:
         return await dump(self.table)
 

@@ -114,6 +114,7 @@ async def test_vouched_family_admits_at_the_threshold(api: Api) -> None:
         "role": "PENDING",
         "vouchScore": 1,
     }
+    await api.sign_in("zoe")
     before = await api.snapshot()
     assert (await api.error(VOUCH, {"f": family["id"], "u": "cy"}, as_="ben"))[0] == "CONFLICT"
     assert (await api.error(VOUCH, {"f": family["id"], "u": "cy"}, as_="zoe"))[0] == "NOT_FOUND"

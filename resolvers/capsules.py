@@ -1,0 +1,238 @@
+"""Time capsules: what people do with them, and who may see what.
+
+The moves the unlock scheduler makes (LOCKED -> UNLOCKING -> AVAILABLE) live
+in `resolvers.scheduler`; the upload moves (SCHEDULED -> LOCKED) in
+`resolvers.content`, inside the content's own transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+from resolvers import families
+from resolvers.context import Context
+from resolvers.errors import BadInput, Conflict, Forbidden, not_found
+from resolvers.pagination import ItemPage, query_page
+from resolvers.validation import clean_text
+from store import keys
+from store.items import Capsule, Content, Recipient, iso
+from store.port import NotExists, Put, SortKey, TransactionCancelled, Update, WriteOp, eq
+
+MAX_TITLE = 200
+MAX_RECIPIENTS = 48  # the unlock transaction holds capsule, content, and two items per recipient
+MAX_YEARS_AHEAD = 100
+VISIBLE_TO_RECIPIENTS = ("SCHEDULED", "LOCKED", "UNLOCKING", "AVAILABLE", "VIEWED", "ARCHIVED")
+OPEN = ("AVAILABLE", "VIEWED", "ARCHIVED")
+
+
+def shards(ctx: Context) -> int:
+    return ctx.services.settings.unlock_shards
+
+
+async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
+    if "#" in capsule_id:
+        return None
+    item = await ctx.loaders.item.load(keys.capsule(capsule_id))
+    return Capsule.from_item(item) if item else None
+
+
+def can_see(capsule: Capsule, viewer: str) -> bool:
+    if capsule.creator_id == viewer:
+        return True
+    return viewer in capsule.recipient_ids and capsule.status in VISIBLE_TO_RECIPIENTS
+
+
+async def visible_capsule(ctx: Context, capsule_id: str) -> Capsule:
+    viewer = await ctx.viewer_id()
+    capsule = await load_capsule(ctx, capsule_id)
+    if capsule is None or not can_see(capsule, viewer):
+        raise not_found("capsule")
+    # A recipient who has left the family no longer sees its capsules.
+    if capsule.creator_id != viewer:
+        membership = await families.load_membership(ctx, capsule.family_id, viewer)
+        if membership is None or membership.role not in families.READERS:
+            raise not_found("capsule")
+    return capsule
+
+
+async def own_capsule(ctx: Context, capsule_id: str) -> Capsule:
+    capsule = await visible_capsule(ctx, capsule_id)
+    if capsule.creator_id != await ctx.viewer_id():
+        raise Forbidden("only the capsule's creator can do that")
+    return capsule
+
+
+async def capsule_content(ctx: Context, capsule: Capsule) -> Content | None:
+    """The creator sees it at once; recipients once the capsule is open."""
+    if capsule.content_id is None:
+        return None
+    viewer = await ctx.viewer_id()
+    if capsule.creator_id != viewer and capsule.status not in OPEN:
+        return None
+    item = await ctx.loaders.item.load(keys.content(capsule.content_id))
+    return Content.from_item(item) if item else None
+
+
+async def recipients(ctx: Context, capsule: Capsule) -> list[Recipient]:
+    found = await ctx.loaders.many([keys.recipient(capsule.id, user) for user in capsule.recipient_ids])
+    return [Recipient.from_item(item) for item in found if item is not None]
+
+
+def _unlock_date(ctx: Context, unlock: datetime) -> str:
+    if unlock.tzinfo is None:
+        raise BadInput("unlockDate needs a timezone, e.g. 2030-01-01T00:00:00Z")
+    now = ctx.services.now()
+    if unlock <= now:
+        raise BadInput("unlockDate must be in the future")
+    if unlock > now + timedelta(days=365 * MAX_YEARS_AHEAD):
+        raise BadInput(f"unlockDate must be within {MAX_YEARS_AHEAD} years")
+    return iso(unlock.astimezone(UTC))
+
+
+async def create_capsule(
+    ctx: Context, family_id: str, title: str, unlock_date: datetime, recipient_ids: list[str]
+) -> Capsule:
+    viewer = await ctx.viewer_id()
+    title = clean_text(title, "title", MAX_TITLE)
+    unlock = _unlock_date(ctx, unlock_date)
+    wanted = list(dict.fromkeys(recipient_ids))
+    if not wanted:
+        raise BadInput("a capsule needs at least one recipient")
+    if len(wanted) > MAX_RECIPIENTS:
+        raise BadInput(f"a capsule can have at most {MAX_RECIPIENTS} recipients")
+    await families.readable_family(ctx, family_id)
+    memberships = await ctx.loaders.many([keys.member(family_id, user) for user in wanted if "#" not in user])
+    members = {item["userId"] for item in memberships if item and item["role"] in families.READERS}
+    outsiders = [user for user in wanted if user not in members]
+    if outsiders:
+        raise BadInput("every recipient must be a MEMBER or ADMIN of the family")
+    capsule = Capsule(
+        id=uuid.uuid4().hex,
+        family_id=family_id,
+        creator_id=viewer,
+        title=title,
+        unlock_date=unlock,
+        status="DRAFT",
+        created_at=ctx.services.now_iso(),
+        recipient_ids=tuple(wanted),
+    )
+    ops: list[WriteOp] = [Put(capsule.to_item(shards(ctx)), NotExists())]
+    ops += [Put(Recipient(capsule.id, user, unlock, family_id).to_item(), NotExists()) for user in wanted]
+    await ctx.table.transact(ops)
+    return capsule
+
+
+async def schedule_capsule(ctx: Context, capsule_id: str) -> Capsule:
+    capsule = await own_capsule(ctx, capsule_id)
+    if capsule.status != "DRAFT":
+        raise Conflict(f"only a DRAFT capsule can be scheduled (status {capsule.status})")
+    if capsule.unlock_date <= ctx.services.now_iso():
+        raise BadInput("the unlock date has passed; create a new capsule")
+    scheduled = Capsule(**{**capsule.__dict__, "status": "SCHEDULED"})
+    item = scheduled.to_item(shards(ctx))
+    ops: list[WriteOp] = [
+        Update(
+            capsule.key,
+            set={"status": "SCHEDULED", "GSI2PK": item["GSI2PK"], "GSI2SK": item["GSI2SK"]},
+            condition=eq("status", "DRAFT"),
+        ),
+    ]
+    for user in capsule.recipient_ids:
+        gsi1pk, gsi1sk = keys.recipient_gsi1(user, capsule.unlock_date, capsule.id)
+        ops.append(Update(keys.recipient(capsule.id, user), set={"GSI1PK": gsi1pk, "GSI1SK": gsi1sk}))
+    try:
+        await ctx.table.transact(ops)
+    except TransactionCancelled as error:
+        raise Conflict("the capsule changed meanwhile") from error
+    ctx.loaders.forget(capsule.key)
+    return scheduled
+
+
+async def cancel_capsule(ctx: Context, capsule_id: str) -> Capsule:
+    capsule = await own_capsule(ctx, capsule_id)
+    if capsule.status not in ("DRAFT", "SCHEDULED"):
+        raise Conflict(f"a {capsule.status} capsule cannot be cancelled")
+    ops: list[WriteOp] = [
+        Update(
+            capsule.key,
+            set={"status": "CANCELLED"},
+            remove=["GSI2PK", "GSI2SK"],
+            condition=eq("status", capsule.status),
+        ),
+    ]
+    ops += [
+        Update(keys.recipient(capsule.id, user), remove=["GSI1PK", "GSI1SK"])
+        for user in capsule.recipient_ids
+    ]
+    try:
+        await ctx.table.transact(ops)
+    except TransactionCancelled as error:
+        raise Conflict("the capsule changed meanwhile; it may be LOCKED now") from error
+    ctx.loaders.forget(capsule.key)
+    return Capsule(**{**capsule.__dict__, "status": "CANCELLED"})
+
+
+async def open_capsule(ctx: Context, capsule_id: str) -> Capsule:
+    viewer = await ctx.viewer_id()
+    capsule = await visible_capsule(ctx, capsule_id)
+    if viewer not in capsule.recipient_ids:
+        raise Forbidden("only a recipient can open this capsule")
+    if capsule.status not in ("AVAILABLE", "VIEWED"):
+        raise Conflict(f"the capsule is not open yet (status {capsule.status})")
+    for _ in range(3):
+        now = ctx.services.now_iso()
+        ops: list[WriteOp] = [
+            Update(keys.recipient(capsule.id, viewer), set={"viewedAt": now}, condition=eq("viewedAt", None)),
+        ]
+        if capsule.status == "AVAILABLE":
+            ops.append(
+                Update(
+                    capsule.key,
+                    set={"status": "VIEWED", "viewedAt": now},
+                    condition=eq("status", "AVAILABLE"),
+                )
+            )
+        try:
+            await ctx.table.transact(ops)
+        except TransactionCancelled as error:
+            if error.failed_on(keys.recipient(capsule.id, viewer)):
+                break  # this recipient opened it before
+            # Another recipient opened it first: record this one's first view too.
+            ctx.loaders.forget(capsule.key)
+            capsule = await visible_capsule(ctx, capsule.id)
+            continue
+        break
+    ctx.loaders.forget(capsule.key, keys.recipient(capsule.id, viewer))
+    reread = await load_capsule(ctx, capsule.id)
+    return reread or capsule
+
+
+async def my_capsules(ctx: Context, first: int, after: str | None) -> ItemPage:
+    viewer = await ctx.viewer_id()
+    return await query_page(
+        ctx,
+        scope=f"my-capsules:{viewer}",
+        pk=keys.user_pk(viewer),
+        sk=SortKey.begins_with(keys.CAPSULE_PREFIX),
+        index="GSI1",
+        descending=True,
+        first=first,
+        after=after,
+    )
+
+
+async def received_capsules(ctx: Context, first: int, after: str | None) -> ItemPage:
+    """Recipient items, soonest unlock last; a recipient item is in GSI1 only
+    while the recipient may know of the capsule (SCHEDULED or later)."""
+    viewer = await ctx.viewer_id()
+    return await query_page(
+        ctx,
+        scope=f"received:{viewer}",
+        pk=keys.user_pk(viewer),
+        sk=SortKey.begins_with(keys.RECEIVED_PREFIX),
+        index="GSI1",
+        descending=True,
+        first=first,
+        after=after,
+    )

@@ -1,0 +1,323 @@
+"""The media pipeline: an in-process worker that walks content through
+PROCESSING -> TRANSCODING -> TRANSCRIBING -> READY (or FAILED), one conditional
+write per move, and the archive sweep.
+
+Work arrives on a bounded queue, so a request never waits for media. Content
+left mid-pipeline (a crash, a restart, a full queue) is found again through the
+PIPELINE partition of GSI2; a lease on the item keeps two processes from
+working on the same content at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from resolvers import media, notifications
+from resolvers.broker import Broker
+from resolvers.content import original_key, publish_status
+from resolvers.context import Services
+from resolvers.transcribe import Transcriber, TranscriptionError
+from store import keys
+from store.blobs import BlobStore
+from store.items import IN_PIPELINE, Content, Membership, Notification, iso
+from store.port import (
+    Compare,
+    ConditionFailed,
+    NotExists,
+    SortKey,
+    Update,
+    all_of,
+    any_of,
+    eq,
+)
+
+log = logging.getLogger("mifamilias.pipeline")
+
+LEASE = timedelta(minutes=15)
+QUEUE_SIZE = 100
+
+
+@dataclass(frozen=True)
+class Outputs:
+    media_key: str | None
+    thumbnail_key: str | None
+    has_audio: bool
+    media_format: str | None
+
+
+class Pipeline:
+    def __init__(
+        self, services: Services, *, workers: int = 2, transcriber: Transcriber | None = None
+    ) -> None:
+        self.services = services
+        self.table = services.table
+        self.workers = workers
+        self.transcriber = transcriber
+        self.queue: asyncio.Queue[str] = asyncio.Queue(QUEUE_SIZE)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._queued: set[str] = set()
+
+    @property
+    def blobs(self) -> BlobStore:
+        blobs: BlobStore = self.services.extras["blobs"]
+        return blobs
+
+    @property
+    def broker(self) -> Broker | None:
+        broker: Broker | None = self.services.extras.get("broker")
+        return broker
+
+    # Running --------------------------------------------------------------------
+
+    def submit(self, content_id: str) -> None:
+        """Never blocks: when the queue is full the content waits in the
+        PIPELINE index for the next recovery pass."""
+        if content_id in self._queued:
+            return
+        try:
+            self.queue.put_nowait(content_id)
+        except asyncio.QueueFull:
+            log.warning("pipeline queue full; content %s waits for the next recovery pass", content_id)
+            return
+        self._queued.add(content_id)
+
+    async def start(self) -> None:
+        # Recovery runs from the periodic job, which starts at once.
+        self._tasks = [asyncio.create_task(self._work(), name=f"pipeline-{n}") for n in range(self.workers)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+
+    async def idle(self) -> None:
+        """Returns once every queued content has been processed (for tests and benchmarks)."""
+        await self.queue.join()
+
+    async def _work(self) -> None:
+        while True:
+            content_id = await self.queue.get()
+            self._queued.discard(content_id)
+            try:
+                await self.process(content_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("pipeline: unexpected failure on content %s", content_id)
+            finally:
+                self.queue.task_done()
+
+    async def recover(self) -> int:
+        """Queues what a crash or a full queue left mid-pipeline."""
+        found = 0
+        cursor: str | None = None
+        while True:
+            page = await self.table.query(keys.PIPELINE_PK, index="GSI2", limit=100, cursor=cursor)
+            for item in page.items:
+                lease = item.get("leaseUntil")
+                if lease and lease > iso(self.services.now()):
+                    continue
+                self.submit(item["id"])
+                found += 1
+            if page.cursor is None or self.queue.full():
+                return found
+            cursor = page.cursor
+
+    # One content ----------------------------------------------------------------
+
+    async def process(self, content_id: str) -> None:
+        content = await self._claim(content_id)
+        if content is None:
+            return
+        with tempfile.TemporaryDirectory(prefix="mifamilias-") as workdir:
+            try:
+                await self._walk(content, Path(workdir))
+            except (media.MediaError, TranscriptionError) as error:
+                detail = getattr(error, "detail", None)
+                log.info("content %s failed: %s %s", content_id, error, detail or "")
+                await self._fail(content_id, str(error))
+            except Exception:
+                log.exception("pipeline: content %s failed unexpectedly", content_id)
+                await self._fail(content_id, "processing failed unexpectedly; retry later")
+
+    async def _claim(self, content_id: str) -> Content | None:
+        now = self.services.now()
+        try:
+            item = await self.table.update(
+                Update(
+                    keys.content(content_id),
+                    set={"leaseUntil": iso(now + LEASE)},
+                    condition=all_of(
+                        any_of(
+                            eq("status", "PROCESSING"),
+                            eq("status", "TRANSCODING"),
+                            eq("status", "TRANSCRIBING"),
+                        ),
+                        any_of(
+                            NotExists("leaseUntil"),
+                            eq("leaseUntil", None),
+                            Compare("leaseUntil", "<", iso(now)),
+                        ),
+                    ),
+                )
+            )
+        except ConditionFailed:
+            return None  # done, gone, or another process holds the lease
+        return Content.from_item(item)
+
+    async def _move(self, content: Content, to: str, **changes: Any) -> Content:
+        at = iso(self.services.now())
+        if to not in IN_PIPELINE:
+            changes["leaseUntil"] = None
+        item = await self.table.update(content.transition(to, at, **changes))
+        moved = Content.from_item(item)
+        await publish_status(self.broker, moved)
+        return moved
+
+    async def _walk(self, content: Content, workdir: Path) -> None:
+        source = workdir / "original"
+        outputs: Outputs | None = None
+        if content.status == "PROCESSING":
+            await self.blobs.fetch_to_file(original_key(content), source)
+            await self._check(content, source)
+            content = await self._move(content, "TRANSCODING")
+        if content.status == "TRANSCODING":
+            if not source.exists():
+                await self.blobs.fetch_to_file(original_key(content), source)
+            outputs = await self._transcode(content, source, workdir)
+            content = await self._move(
+                content,
+                "TRANSCRIBING",
+                mediaKey=outputs.media_key,
+                thumbnailKey=outputs.thumbnail_key,
+                hasAudio=outputs.has_audio,
+                mediaFormat=outputs.media_format,
+            )
+        if content.status == "TRANSCRIBING":
+            item = await self.table.get(content.key)
+            has_audio = bool(item and item.get("hasAudio"))
+            media_format = item.get("mediaFormat") if item else None
+            transcription = await self._transcribe(content, has_audio, media_format)
+            ready_at = iso(self.services.now())
+            content = await self._move(content, "READY", transcription=transcription, readyAt=ready_at)
+            await self._announce_ready(content)
+
+    async def _check(self, content: Content, source: Path) -> None:
+        if content.type == "TEXT":
+            try:
+                source.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise media.MediaError("the file is not UTF-8 text") from error
+            return
+        if content.type == "PHOTO":
+            await media.check_photo(source)
+            return
+        probe = await media.probe(source)
+        await media.check_kind(probe, content.type)
+
+    async def _transcode(self, content: Content, source: Path, workdir: Path) -> Outputs:
+        base = f"content/{content.id}"
+        if content.type == "TEXT":
+            return Outputs(original_key(content), None, False, None)
+        if content.type == "PHOTO":
+            photo, thumb = workdir / "media.jpg", workdir / "thumb.jpg"
+            await media.transcode_photo(source, photo, thumb)
+            await self.blobs.put_file(f"{base}/media.jpg", photo, "image/jpeg")
+            await self.blobs.put_file(f"{base}/thumb.jpg", thumb, "image/jpeg")
+            return Outputs(f"{base}/media.jpg", f"{base}/thumb.jpg", False, None)
+        probed = await media.probe(source)
+        if content.type == "VIDEO":
+            video, thumb = workdir / "media.mp4", workdir / "thumb.jpg"
+            await media.transcode_video(source, video, thumb, probed=probed)
+            await self.blobs.put_file(f"{base}/media.mp4", video, "video/mp4")
+            await self.blobs.put_file(f"{base}/thumb.jpg", thumb, "image/jpeg")
+            return Outputs(f"{base}/media.mp4", f"{base}/thumb.jpg", probed.has_audio, "mp4")
+        audio = workdir / "media.m4a"
+        await media.transcode_audio(source, audio, probed=probed)
+        await self.blobs.put_file(f"{base}/media.m4a", audio, "audio/mp4")
+        return Outputs(f"{base}/media.m4a", None, True, "m4a")
+
+    async def _transcribe(self, content: Content, has_audio: bool, media_format: Any) -> str | None:
+        if not has_audio:
+            return None  # the seed's "skip (no audio)" edge
+        if self.transcriber is None:
+            log.info("content %s is READY without a transcription: no transcriber is configured", content.id)
+            return None
+        item = await self.table.get(content.key)
+        media_key = item.get("mediaKey") if item else None
+        if not media_key:
+            return None
+        return await self.transcriber.transcribe(
+            bucket_key=media_key, media_format=str(media_format or "mp4"), job_name=f"mifamilias-{content.id}"
+        )
+
+    async def _fail(self, content_id: str, reason: str) -> None:
+        item = await self.table.get(keys.content(content_id))
+        if item is None:
+            return
+        content = Content.from_item(item)
+        if content.status not in IN_PIPELINE:
+            return
+        with contextlib.suppress(ConditionFailed):
+            await self._move(content, "FAILED", failureReason=reason[:500])
+
+    async def _announce_ready(self, content: Content) -> None:
+        if not content.in_feed:
+            return  # capsule content is announced when its capsule opens
+        page = await self.table.query(
+            keys.family_pk(content.family_id), SortKey.begins_with(keys.MEMBER_PREFIX)
+        )
+        members = [Membership.from_item(item) for item in page.items]
+        notes = [
+            Notification(
+                user_id=m.user_id,
+                id=notifications.notification_id("NEW_CONTENT", content.id, m.user_id),
+                type="NEW_CONTENT",
+                created_at=content.ready_at or iso(self.services.now()),
+                family_id=content.family_id,
+                content_id=content.id,
+            )
+            for m in members
+            if m.role in ("ADMIN", "MEMBER") and m.user_id != content.author_id
+        ]
+        await notifications.write(self.table, self.broker, notes)
+
+    # Archive sweep --------------------------------------------------------------
+
+    async def archive_due(self, days: int) -> int:
+        """READY or DELIVERED content that became READY `days` ago moves to ARCHIVED."""
+        cutoff = iso(self.services.now() - timedelta(days=days))
+        archived = 0
+        for shard in range(keys.ARCHIVE_SHARDS):
+            page = await self.table.query(
+                keys.archive_pk(shard), SortKey("<", cutoff), index="GSI2", limit=100
+            )
+            for item in page.items:
+                archived += await self._archive(Content.from_item(item))
+        return archived
+
+    async def _archive(self, content: Content) -> int:
+        if content.status not in ("READY", "DELIVERED"):
+            return 0
+        for key in _blob_keys(content):
+            await self.blobs.archive(key)
+        try:
+            await self._move(content, "ARCHIVED")
+        except ConditionFailed:
+            return 0
+        return 1
+
+
+def _blob_keys(content: Content) -> Sequence[str]:
+    return [k for k in (content.media_key, content.thumbnail_key) if k]

@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated
+
+import strawberry
+
+from resolvers import capsules, families, users
+from resolvers.errors import not_found
+from schema.common import Info, PageInfo, maybe_when, when
+from schema.content import Content
+from schema.enums import CapsuleStatus
+from schema.user import User
+from store import items
+
+if TYPE_CHECKING:
+    from schema.family import Family
+
+
+@strawberry.type
+class Recipient:
+    item: strawberry.Private[items.Recipient]
+
+    @strawberry.field
+    async def user(self, info: Info) -> User:
+        return User(item=await users.load_user(info.context, self.item.user_id))
+
+    @strawberry.field
+    def notified_at(self) -> datetime | None:
+        return maybe_when(self.item.notified_at)
+
+    @strawberry.field
+    def viewed_at(self) -> datetime | None:
+        return maybe_when(self.item.viewed_at)
+
+
+@strawberry.type
+class Capsule:
+    item: strawberry.Private[items.Capsule]
+
+    @strawberry.field
+    def id(self) -> strawberry.ID:
+        return strawberry.ID(self.item.id)
+
+    @strawberry.field
+    async def family(self, info: Info) -> Annotated[Family, strawberry.lazy("schema.family")]:
+        from schema.family import Family
+
+        family = await families.load_family(info.context, self.item.family_id)
+        if family is None:
+            raise not_found("family")
+        return Family(item=family)
+
+    @strawberry.field
+    async def creator(self, info: Info) -> User:
+        return User(item=await users.load_user(info.context, self.item.creator_id))
+
+    @strawberry.field
+    def title(self) -> str:
+        return self.item.title
+
+    @strawberry.field
+    def unlock_date(self) -> datetime:
+        return when(self.item.unlock_date)
+
+    @strawberry.field
+    def status(self) -> CapsuleStatus:
+        return CapsuleStatus(self.item.status)
+
+    @strawberry.field
+    def notification_sent(self) -> bool:
+        return self.item.notification_sent
+
+    @strawberry.field
+    async def recipients(self, info: Info) -> list[Recipient]:
+        return [Recipient(item=r) for r in await capsules.recipients(info.context, self.item)]
+
+    @strawberry.field(description="null for everyone but the creator until the capsule is AVAILABLE")
+    async def content(self, info: Info) -> Content | None:
+        found = await capsules.capsule_content(info.context, self.item)
+        return Content(item=found) if found else None
+
+
+@strawberry.type
+class CapsuleEdge:
+    cursor: str
+    node: Capsule
+
+
+@strawberry.type
+class CapsuleConnection:
+    edges: list[CapsuleEdge]
+    page_info: PageInfo
+
+
+@strawberry.type
+class CapsuleUnlockedEvent:
+    capsule: Capsule
+    unlocked_at: datetime

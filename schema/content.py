@@ -1,0 +1,170 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Annotated
+
+import strawberry
+
+from resolvers import content as content_resolvers
+from resolvers import families, users
+from resolvers.errors import not_found
+from resolvers.pagination import page_size
+from schema.common import Info, PageInfo, when
+from schema.enums import ContentStatus, ContentType
+from schema.user import User
+from store import items
+
+if TYPE_CHECKING:
+    from schema.family import Family
+
+
+@strawberry.type
+class ReactionCount:
+    emoji: str
+    count: int
+
+
+@strawberry.type
+class Comment:
+    item: strawberry.Private[items.Comment]
+
+    @strawberry.field
+    def id(self) -> strawberry.ID:
+        return strawberry.ID(self.item.id)
+
+    @strawberry.field
+    async def author(self, info: Info) -> User:
+        return User(item=await users.load_user(info.context, self.item.author_id))
+
+    @strawberry.field
+    def body(self) -> str:
+        return self.item.body
+
+    @strawberry.field
+    def created_at(self) -> datetime:
+        return when(self.item.created_at)
+
+
+@strawberry.type
+class CommentEdge:
+    cursor: str
+    node: Comment
+
+
+@strawberry.type
+class CommentConnection:
+    edges: list[CommentEdge]
+    page_info: PageInfo
+
+
+@strawberry.type
+class Content:
+    item: strawberry.Private[items.Content]
+
+    @strawberry.field
+    def id(self) -> strawberry.ID:
+        return strawberry.ID(self.item.id)
+
+    @strawberry.field
+    async def family(self, info: Info) -> Annotated[Family, strawberry.lazy("schema.family")]:
+        from schema.family import Family
+
+        family = await families.load_family(info.context, self.item.family_id)
+        if family is None:
+            raise not_found("family")
+        return Family(item=family)
+
+    @strawberry.field
+    async def author(self, info: Info) -> User:
+        return User(item=await users.load_user(info.context, self.item.author_id))
+
+    @strawberry.field
+    def type(self) -> ContentType:
+        return ContentType(self.item.type)
+
+    @strawberry.field
+    def status(self) -> ContentStatus:
+        return ContentStatus(self.item.status)
+
+    @strawberry.field
+    def title(self) -> str | None:
+        return self.item.title
+
+    @strawberry.field(description="a short-lived signed URL; null until the content is READY (or DELIVERED)")
+    async def media_url(self, info: Info) -> str | None:
+        return await content_resolvers.media_url(info.context, self.item, "media")
+
+    @strawberry.field
+    async def thumbnail_url(self, info: Info) -> str | None:
+        return await content_resolvers.media_url(info.context, self.item, "thumbnail")
+
+    @strawberry.field
+    def transcription(self) -> str | None:
+        return self.item.transcription
+
+    @strawberry.field(description="why processing failed, when the status is FAILED")
+    def failure_reason(self) -> str | None:
+        return self.item.failure_reason
+
+    @strawberry.field
+    def created_at(self) -> datetime:
+        return when(self.item.created_at)
+
+    @strawberry.field
+    def reactions(self) -> list[ReactionCount]:
+        return [ReactionCount(emoji=e, count=n) for e, n in content_resolvers.reaction_counts(self.item)]
+
+    @strawberry.field
+    async def viewer_reactions(self, info: Info) -> list[str]:
+        return await content_resolvers.viewer_reactions(info.context, self.item)
+
+    @strawberry.field
+    def comment_count(self) -> int:
+        return self.item.comment_count
+
+    @strawberry.field
+    async def comments(
+        self, info: Info, first: int | None = 20, after: str | None = None
+    ) -> CommentConnection:
+        page = await content_resolvers.comments_page(info.context, self.item, page_size(first, 20), after)
+        return CommentConnection(
+            edges=[
+                CommentEdge(cursor=cursor, node=Comment(item=items.Comment.from_item(item)))
+                for item, cursor in zip(page.items, page.cursors, strict=True)
+            ],
+            page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+        )
+
+
+@strawberry.type
+class ContentEdge:
+    cursor: str
+    node: Content
+
+
+@strawberry.type
+class ContentConnection:
+    edges: list[ContentEdge]
+    page_info: PageInfo
+
+
+@strawberry.type
+class Upload:
+    content: Content
+    upload_url: str = strawberry.field(
+        description="where the client sends the bytes: an HTTP PUT of the file body"
+    )
+    expires_at: datetime
+
+
+async def feed_connection(
+    info: Info, family_id: str, first: int | None, after: str | None
+) -> ContentConnection:
+    page = await content_resolvers.feed_page(info.context, family_id, page_size(first, 20), after)
+    return ContentConnection(
+        edges=[
+            ContentEdge(cursor=cursor, node=Content(item=items.Content.from_item(item)))
+            for item, cursor in zip(page.items, page.cursors, strict=True)
+        ],
+        page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+    )

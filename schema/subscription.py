@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+import strawberry
+
+from resolvers import live
+from schema.capsule import Capsule, CapsuleUnlockedEvent
+from schema.common import Info, when
+from schema.content import Content
+from schema.notification import Notification
+
+
+@strawberry.type
+class Subscription:
+    @strawberry.subscription(
+        description="every capsule the viewer created or receives, as it becomes AVAILABLE"
+    )
+    async def capsule_unlocked(self, info: Info) -> AsyncGenerator[CapsuleUnlockedEvent, None]:
+        async for capsule, unlocked_at in live.capsules_unlocked(info.context):
+            yield CapsuleUnlockedEvent(capsule=Capsule(item=capsule), unlocked_at=when(unlocked_at))
+
+    @strawberry.subscription(description="every notification addressed to the viewer, as it is created")
+    async def notification_added(self, info: Info) -> AsyncGenerator[Notification, None]:
+        async for note in live.notifications_added(info.context):
+            yield Notification(item=note)
+
+    @strawberry.subscription(
+        description="status changes of one content the viewer may read; the first event is its status now"
+    )
+    async def content_status_changed(
+        self, info: Info, content_id: strawberry.ID
+    ) -> AsyncGenerator[Content, None]:
+        async for content in live.content_status(info.context, str(content_id)):
+            yield Content(item=content)
