@@ -216,7 +216,7 @@ class Pipeline:
     async def _check(self, content: Content, source: Path) -> None:
         if content.type == "TEXT":
             try:
-                source.read_bytes().decode("utf-8")
+                (await asyncio.to_thread(source.read_bytes)).decode("utf-8")
             except UnicodeDecodeError as error:
                 raise media.MediaError("the file is not UTF-8 text") from error
             return

@@ -18,6 +18,7 @@ One pass:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from datetime import date, timedelta
@@ -89,13 +90,11 @@ class UnlockScheduler:
 
     async def _advance(self, old: date, new: date) -> None:
         key = keys.unlock_checkpoint()
-        try:
+        with contextlib.suppress(StoreError):  # another process moved it; the next pass reads theirs
             await self.table.put(
                 {"PK": key[0], "SK": key[1], "day": new.isoformat()},
                 eq("day", old.isoformat()) if await self.table.get(key) else NotExists(),
             )
-        except StoreError:
-            pass  # another process moved it; the next pass reads theirs
 
     # One day ----------------------------------------------------------------------
 

@@ -59,7 +59,8 @@ class Query:
         )
 
     @strawberry.field(
-        description="capsules the viewer is a recipient of and may know about (SCHEDULED or later, not CANCELLED)"
+        description="capsules the viewer is a recipient of and may know about "
+        "(SCHEDULED or later, not CANCELLED)"
     )
     async def received_capsules(
         self, info: Info, first: int | None = 20, after: str | None = None
