@@ -456,7 +456,7 @@ def clean_emoji(text: str) -> str:
         if cp in _EMOJI_JOINERS or 0x1F3FB <= cp <= 0x1F3FF or 0xE0020 <= cp <= 0xE007F:
             previous_joiner = cp == 0x200D
             continue
-        keycap = cp in b"#*0123456789" and index + 1 < len(points) and 0x20E3 in points[index + 1 :]
+        keycap = chr(cp) in "#*0123456789" and index + 1 < len(points) and 0x20E3 in points[index + 1 :]
         if not (_is_emoji_base(cp) or keycap):
             raise BadInput("emoji must be a single emoji")
         if not previous_joiner:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import SECRET, ServerProcess
+
 AWS_REGION = "us-east-1"
 
 
@@ -69,3 +71,17 @@ def moto_server(aws_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+
+@pytest.fixture(scope="module")
+def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One real server (uvicorn, embedded store) per test module."""
+    server = ServerProcess(
+        tmp_path_factory.mktemp("live"),
+        {"MIFAMILIAS_AUTH_SECRET": SECRET, "MIFAMILIAS_UNLOCK_POLL_SECONDS": "0.5"},
+    ).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -17,8 +17,8 @@ from resolvers.config import Settings
 from store.counting import CountingTable
 from store.port import Table
 from tests.clock import FakeClock
+from tests.servers import SECRET
 
-SECRET = "test-secret-" + "x" * 32
 
 
 class Api:
@@ -122,20 +122,18 @@ async def open_table(engine: str, tmp_path: Path, moto_url: str | None) -> Async
         yield dynamo
 
 
-def engine_params() -> list[Any]:
-    return [pytest.param("sqlite", id="sqlite"), pytest.param("dynamodb", id="dynamodb")]
-
-
-@pytest.fixture(params=engine_params())
-def engine(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-async def api(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Api]:
-    moto_url = request.getfixturevalue("moto_server") if engine == "dynamodb" else None
+@contextlib.asynccontextmanager
+async def running_api(
+    engine: str, blobs: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> AsyncIterator[Api]:
+    needs_moto = engine == "dynamodb" or blobs == "s3"
+    moto_url = request.getfixturevalue("moto_server") if needs_moto else None
     clock = FakeClock()
-    settings = Settings(data_dir=tmp_path / "data", auth_secret=SECRET, unlock_poll_seconds=0.2)
+    settings = Settings(
+        data_dir=tmp_path / "data", auth_secret=SECRET, unlock_poll_seconds=3600,
+        s3_bucket=f"media-{uuid.uuid4().hex[:8]}" if blobs == "s3" else None,
+        s3_endpoint=moto_url if blobs == "s3" else None,
+    )
     async with open_table(engine, tmp_path, moto_url) as table:
         counting = CountingTable(table)
         app = create_app(settings, table=counting, clock=clock)
@@ -143,3 +141,18 @@ async def api(engine: str, tmp_path: Path, request: pytest.FixtureRequest) -> As
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
                 yield Api(app, client, counting, clock)
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+async def api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Api]:
+    """The app on each storage engine, with the local blob store."""
+    async with running_api(request.param, "local", tmp_path, request) as app:
+        yield app
+
+
+@pytest.fixture(params=[("sqlite", "local"), ("dynamodb", "s3")], ids=["sqlite-files", "dynamodb-s3"])
+async def media_api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Api]:
+    """Each storage engine and each blob store."""
+    engine, blobs = request.param
+    async with running_api(engine, blobs, tmp_path, request) as app:
+        yield app
