@@ -100,8 +100,10 @@ async def my_memberships(ctx: Context) -> list[Membership]:
     viewer = await ctx.viewer_id()
     page = await ctx.table.query(keys.user_pk(viewer), SortKey.begins_with(keys.USER_FAMILY_PREFIX))
     mirrors = [items.UserFamily.from_item(item) for item in page.items]
-    found = await ctx.loaders.many([keys.member(m.family_id, viewer) for m in mirrors])
-    return [Membership.from_item(item) for item in found if item is not None]
+    # The families come in the same batch: whoever asks for memberships next asks for them.
+    wanted = [keys.member(m.family_id, viewer) for m in mirrors] + [keys.family(m.family_id) for m in mirrors]
+    found = await ctx.loaders.many(wanted)
+    return [Membership.from_item(item) for item in found[: len(mirrors)] if item is not None]
 
 
 async def members_page(

@@ -3,15 +3,39 @@ all the items one resolver level needs leave in a single batch get."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from aiodataloader import DataLoader
+from aiodataloader import DataLoader, Loader, dispatch_queue
 
-from store.port import Item, Key, Table
+from store.port import Index, Item, Key, Page, SortKey, Table
 
 
-class ItemLoader(DataLoader[Key, Item | None]):
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class LevelLoader(DataLoader[K, V]):
+    """A DataLoader that dispatches once a loop iteration passes with no new
+    key. Sibling resolvers resume over several iterations (each finishing its
+    own sub-tree first); waiting for them makes one batch of one level."""
+
+    def do_resolve_reject(self, key: K, future: asyncio.Future[V]) -> None:
+        self._queue.append(Loader(key=key, future=future))
+        if len(self._queue) == 1:
+            asyncio.ensure_future(self._dispatch_when_settled())
+
+    async def _dispatch_when_settled(self) -> None:
+        size = -1
+        while size != len(self._queue):
+            size = len(self._queue)
+            await asyncio.sleep(0)
+        dispatch_queue(self)
+
+
+class ItemLoader(LevelLoader[Key, Item | None]):
     def __init__(self, table: Table) -> None:
         super().__init__(max_batch_size=100)
         self.table = table
@@ -21,9 +45,42 @@ class ItemLoader(DataLoader[Key, Item | None]):
         return [found.get(key) for key in keys]
 
 
+@dataclass(frozen=True)
+class QuerySpec:
+    pk: str
+    sk: SortKey | None = None
+    index: Index = "table"
+    descending: bool = False
+    limit: int | None = None
+    cursor: str | None = None
+
+
+class QueryLoader(LevelLoader[QuerySpec, Page]):
+    """Queries cannot be batched into one call, but the queries of one resolver
+    level (say, the members of each of my families) can run together and answer
+    together, so the next level's point reads still leave in one batch get."""
+
+    def __init__(self, table: Table) -> None:
+        super().__init__(cache=False)
+        self.table = table
+
+    async def batch_load_fn(self, specs: Sequence[QuerySpec]) -> list[Page]:
+        return list(
+            await asyncio.gather(
+                *(
+                    self.table.query(
+                        s.pk, s.sk, index=s.index, descending=s.descending, limit=s.limit, cursor=s.cursor
+                    )
+                    for s in specs
+                )
+            )
+        )
+
+
 class Loaders:
     def __init__(self, table: Table) -> None:
         self.item = ItemLoader(table)
+        self.query = QueryLoader(table)
 
     async def many(self, keys: Sequence[Key]) -> list[Item | None]:
         result: list[Any] = await self.item.load_many(list(keys))

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from resolvers.context import Context
 from resolvers.errors import BadInput
+from resolvers.loaders import QuerySpec
 from store.expressions import cursor_for
 from store.port import Index, InvalidCursor, Item, SortKey
 
@@ -48,7 +49,9 @@ async def query_page(
     check_first(first)
     position = ctx.services.cursors.open(scope, after) if after else None
     try:
-        page = await ctx.table.query(pk, sk, index=index, descending=descending, limit=first, cursor=position)
+        page = await ctx.loaders.query.load(
+            QuerySpec(pk, sk, index=index, descending=descending, limit=first, cursor=position)
+        )
     except InvalidCursor as error:
         raise BadInput("the cursor is not valid") from error
     cursors = [ctx.services.cursors.sign(scope, cursor_for(item, index)) for item in page.items]

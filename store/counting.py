@@ -1,9 +1,10 @@
 """A wrapper around any table that counts store calls and sequential round trips.
 
-A round trip is a wave of calls in flight together: a call that starts while no
-other call is in flight opens a new one. An optional simulated latency makes
-every call take at least that long, so calls issued by one resolver level
-overlap as they would over a network, whatever the engine underneath.
+Sequential round trips are the longest chain of calls each of which started
+after the previous one had answered: a call's depth is one more than the
+deepest call already answered when it starts. An optional simulated latency
+makes every call take at least that long, so calls issued by one resolver
+level overlap as they would over a network, whatever the engine underneath.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class CountingTable:
         self.latency = latency
         self.calls: Counter[str] = Counter()
         self.round_trips = 0
-        self._in_flight = 0
+        self._answered_depth = 0
 
     @property
     def total_calls(self) -> int:
@@ -33,18 +34,18 @@ class CountingTable:
     def reset(self) -> None:
         self.calls.clear()
         self.round_trips = 0
+        self._answered_depth = 0
 
     async def _count(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
         self.calls[name] += 1
-        if self._in_flight == 0:
-            self.round_trips += 1
-        self._in_flight += 1
+        depth = self._answered_depth + 1
+        self.round_trips = max(self.round_trips, depth)
         try:
             if self.latency:
                 await asyncio.sleep(self.latency)
             return await call()
         finally:
-            self._in_flight -= 1
+            self._answered_depth = max(self._answered_depth, depth)
 
     async def get(self, key: Key) -> Item | None:
         return await self._count("get", lambda: self.inner.get(key))
