@@ -228,12 +228,21 @@ def main(argv: list[str] | None = None) -> int:
     token.add_argument("--family-name")
     token.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
     commands.add_parser("create-table", help="create the DynamoDB table with both GSIs (safe to run twice)")
+    commands.add_parser("export-schema", help="write the schema's SDL to schema.graphql")
     args = parser.parse_args(argv)
     settings = Settings.from_env()
     if args.command in (None, "serve"):
         _serve(settings)
     elif args.command == "token":
         _token(settings, args)
+    elif args.command == "export-schema":
+        from pathlib import Path
+
+        from schema import schema
+
+        target = Path(__file__).resolve().parent / "schema.graphql"
+        target.write_text(schema.as_str() + "\n")
+        print(f"wrote {target}")
     elif args.command == "create-table":
         import asyncio
 

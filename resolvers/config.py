@@ -41,6 +41,7 @@ class Settings:
     redis_url: str | None = None
     unlock_poll_seconds: float = 5.0
     unlock_shards: int = 8
+    abandoned_unlock_seconds: float = 30.0
     allowed_origins: tuple[str, ...] = ()
     public_url: str | None = None
     max_upload_bytes: int = 500 * 1024 * 1024
@@ -71,6 +72,7 @@ class Settings:
             redis_url=_str(env, "REDIS_URL"),
             unlock_poll_seconds=_float(env, "UNLOCK_POLL_SECONDS", 5.0),
             unlock_shards=_int(env, "UNLOCK_SHARDS", 8),
+            abandoned_unlock_seconds=_float(env, "ABANDONED_UNLOCK_SECONDS", 30.0),
             allowed_origins=tuple(o.strip() for o in origins.split(",") if o.strip()) if origins else (),
             public_url=_str(env, "PUBLIC_URL"),
             max_upload_bytes=_int(env, "MAX_UPLOAD_BYTES", 500 * 1024 * 1024),

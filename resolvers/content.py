@@ -328,11 +328,9 @@ async def delete_content(ctx: Context, content_id: str) -> bool:
 
 
 async def _tag_cleanup(ctx: Context, content: Content) -> list[WriteOp]:
-    cleanup = ctx.services.extras.get("tag_cleanup")
-    if cleanup is None:
-        return []
-    ops: list[WriteOp] = await cleanup(ctx, content)
-    return ops
+    from resolvers import tags  # tags builds on this module
+
+    return await tags.cleanup_ops(ctx, content)
 
 
 # Comments ---------------------------------------------------------------------

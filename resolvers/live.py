@@ -5,6 +5,7 @@ member removed from a family stops receiving that family's events."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from resolvers import capsules
 from resolvers import content as content_resolvers
@@ -32,7 +33,7 @@ async def content_status(ctx: Context, content_id: str) -> AsyncIterator[Content
     async with _broker(ctx).subscribe(content_channel(content_id)) as events:
         yield content
         last = content.status
-        async for _event in events:
+        async for event in events:
             _refresh(ctx)
             try:
                 content, _ = await content_resolvers.readable_content(ctx, content_id)
@@ -40,9 +41,12 @@ async def content_status(ctx: Context, content_id: str) -> AsyncIterator[Content
                 if await content_resolvers.load_content(ctx, content_id) is None:
                     return  # deleted: the stream ends
                 continue  # no longer theirs to see
-            if content.status != last:
-                last = content.status
-                yield content
+            # The content may have moved on while this event travelled: report
+            # the move the event announces, so every state is seen in order.
+            status = str(event.get("status") or content.status)
+            if status != last:
+                last = status
+                yield replace(content, status=status)
 
 
 async def capsules_unlocked(ctx: Context) -> AsyncIterator[tuple[Capsule, str]]:

@@ -12,7 +12,7 @@ from aiodataloader import DataLoader, Loader, dispatch_queue
 
 from store.port import Index, Item, Key, Page, SortKey, Table
 
-
+_dispatching: set[asyncio.Future[None]] = set()
 K = TypeVar("K")
 V = TypeVar("V")
 
@@ -25,7 +25,9 @@ class LevelLoader(DataLoader[K, V]):
     def do_resolve_reject(self, key: K, future: asyncio.Future[V]) -> None:
         self._queue.append(Loader(key=key, future=future))
         if len(self._queue) == 1:
-            asyncio.ensure_future(self._dispatch_when_settled())
+            task = asyncio.ensure_future(self._dispatch_when_settled())
+            _dispatching.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(_dispatching.discard)
 
     async def _dispatch_when_settled(self) -> None:
         size = -1

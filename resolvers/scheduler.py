@@ -20,8 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import date, timedelta
+from typing import TypeVar
 
 from resolvers.broker import Broker, user_channel
 from resolvers.context import Services
@@ -29,6 +31,7 @@ from resolvers.notifications import announce, notification_id
 from store import keys
 from store.items import Capsule, Content, Notification, iso
 from store.port import (
+    ConditionFailed,
     Exists,
     Item,
     NotExists,
@@ -42,8 +45,9 @@ from store.port import (
 )
 
 log = logging.getLogger("mifamilias.scheduler")
+T = TypeVar("T")
 
-CONCURRENCY = 16
+CONCURRENCY = 8
 FIRST_LOOKBACK_DAYS = 1
 
 
@@ -52,6 +56,7 @@ class PassResult:
     unlocked: int = 0
     waiting: int = 0
     told_empty: int = 0
+    failed: int = 0
 
 
 class UnlockScheduler:
@@ -59,6 +64,10 @@ class UnlockScheduler:
         self.services = services
         self.table = services.table
         self.shards = services.settings.unlock_shards
+        # How long an UNLOCKING capsule may sit before another process finishes it.
+        self.abandoned_after = timedelta(seconds=services.settings.abandoned_unlock_seconds)
+        # Capsules this process won and has not finished yet.
+        self._mine: set[str] = set()
 
     @property
     def broker(self) -> Broker | None:
@@ -78,6 +87,13 @@ class UnlockScheduler:
                 await self._advance(start, day + timedelta(days=1))
                 start = day + timedelta(days=1)
             day += timedelta(days=1)
+        if result.unlocked or result.waiting or result.told_empty:
+            log.info(
+                "unlock pass: %d opened, %d waiting for content, %d creators told their capsule is empty",
+                result.unlocked,
+                result.waiting,
+                result.told_empty,
+            )
         return result
 
     # The checkpoint: the first day that may still hold something to open ------------
@@ -99,27 +115,71 @@ class UnlockScheduler:
     # One day ----------------------------------------------------------------------
 
     async def _day(self, day: date, now_iso: str, result: PassResult) -> bool:
-        """Handles one day's due capsules; True when some still wait there."""
+        """Handles one day's due capsules; True when some still wait there.
+
+        In phases, so each capsule costs two writes and a share of one batch
+        get: win the LOCKED ones, read every UNLOCKING one's content at once,
+        then finish each in its own transaction."""
+        failed_before = result.failed
         pages = await asyncio.gather(
             *(
                 self._due(keys.unlock_day_shard(day.isoformat(), shard), now_iso)
                 for shard in range(self.shards)
             )
         )
-        due = [item for page in pages for item in page]
+        due = [Capsule.from_item(item) for page in pages for item in page]
+        for capsule in due:
+            if capsule.status == "SCHEDULED":
+                await self._guarded(capsule, self._tell_empty(capsule, result), result)
+        won = await self._each(
+            [c for c in due if c.status == "LOCKED"], lambda capsule: self._win(capsule, now_iso), result
+        )
+        # UNLOCKING capsules another process won a moment ago are theirs to finish;
+        # only those left alone for a while (a crash) are taken over.
+        abandoned = iso(self.services.now() - self.abandoned_after)
+        self._mine.update(c.id for c in won if c is not None)
+        unlocking = [
+            c
+            for c in due
+            if c.status == "UNLOCKING"
+            and c.id not in self._mine
+            and (c.unlocking_at or c.unlock_date) < abandoned
+        ] + [c for c in due if c.status == "UNLOCKING" and c.id in self._mine]
+        unlocking += [c for c in won if c is not None]
+        contents = await self._contents(unlocking)
+        finished = await self._each(
+            unlocking,
+            lambda capsule: self._finish(capsule, contents.get(capsule.content_id or ""), result),
+            result,
+        )
+        # A lost win means another process has it; a failed step is retried next pass.
+        return result.failed > failed_before or any(done is not True for done in finished)
+
+    async def _each(
+        self, capsules: list[Capsule], step: Callable[[Capsule], Awaitable[T]], result: PassResult
+    ) -> list[T | None]:
         limit = asyncio.Semaphore(CONCURRENCY)
 
-        async def one(item: Item) -> bool:
+        async def one(capsule: Capsule) -> T | None:
             async with limit:
-                try:
-                    return await self._capsule(Capsule.from_item(item), now_iso, result)
-                except Exception:
-                    log.exception("unlock of capsule %s failed; the next pass retries", item.get("id"))
-                    return True
+                return await self._guarded(capsule, step(capsule), result)
 
-        leftovers = await asyncio.gather(*(one(item) for item in due))
-        # Not-yet-due entries of today stay for later passes; past days are all due.
-        return any(leftovers)
+        return list(await asyncio.gather(*(one(capsule) for capsule in capsules)))
+
+    async def _guarded(self, capsule: Capsule, work: Awaitable[T], result: PassResult) -> T | None:
+        try:
+            return await work
+        except Exception:
+            result.failed += 1
+            log.exception("unlock of capsule %s failed; the next pass retries", capsule.id)
+            return None
+
+    async def _contents(self, capsules: list[Capsule]) -> dict[str, Content]:
+        wanted = [keys.content(c.content_id) for c in capsules if c.content_id]
+        if not wanted:
+            return {}
+        found = await self.table.batch_get(wanted)
+        return {item["id"]: Content.from_item(item) for item in found.values()}
 
     async def _due(self, partition: str, now_iso: str) -> list[Item]:
         found: list[Item] = []
@@ -134,21 +194,6 @@ class UnlockScheduler:
                 return found
             cursor = page.cursor
 
-    async def _capsule(self, capsule: Capsule, now_iso: str, result: PassResult) -> bool:
-        if capsule.unlock_date > now_iso:
-            return True
-        if capsule.status == "SCHEDULED":
-            await self._tell_empty(capsule, now_iso, result)
-            return False
-        if capsule.status == "LOCKED":
-            won = await self._win(capsule, now_iso)
-            if won is None:
-                return False  # another process has it
-            capsule = won
-        if capsule.status != "UNLOCKING":
-            return False
-        return not await self._finish(capsule, result)
-
     async def _win(self, capsule: Capsule, now_iso: str) -> Capsule | None:
         try:
             item = await self.table.update(
@@ -158,18 +203,13 @@ class UnlockScheduler:
                     condition=eq("status", "LOCKED"),
                 )
             )
-        except StoreError:
-            return None
+        except ConditionFailed:
+            return None  # another process won it
         return Capsule.from_item(item)
 
-    async def _finish(self, capsule: Capsule, result: PassResult) -> bool:
+    async def _finish(self, capsule: Capsule, content: Content | None, result: PassResult) -> bool:
         """True when the capsule is AVAILABLE (by us or by another process)."""
-        item = await self.table.get(capsule.key)
-        if item is None or item["status"] != "UNLOCKING":
-            return True
-        unlocking_at = item.get("unlockingAt") or capsule.unlock_date
-        content_item = await self.table.get(keys.content(capsule.content_id)) if capsule.content_id else None
-        content = Content.from_item(content_item) if content_item else None
+        unlocking_at = capsule.unlocking_at or capsule.unlock_date
         if content is None or content.status not in ("READY", "DELIVERED"):
             result.waiting += 1
             return False  # the content is still processing (or failed): wait
@@ -203,7 +243,9 @@ class UnlockScheduler:
         try:
             await self.table.transact(ops)
         except TransactionCancelled:
+            self._mine.discard(capsule.id)
             return True  # another process finished it first; it publishes
+        self._mine.discard(capsule.id)
         result.unlocked += 1
         await self._publish(capsule, unlocking_at, people, notes)
         return True
@@ -220,7 +262,7 @@ class UnlockScheduler:
             )
         await announce(broker, notes)
 
-    async def _tell_empty(self, capsule: Capsule, now_iso: str, result: PassResult) -> None:
+    async def _tell_empty(self, capsule: Capsule, result: PassResult) -> None:
         if capsule.creator_told_empty:
             return
         note = Notification(

@@ -16,6 +16,7 @@ from store import items
 
 if TYPE_CHECKING:
     from schema.family import Family
+    from schema.tag import Tag
 
 
 @strawberry.type
@@ -134,6 +135,13 @@ class Content:
             ],
             page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
         )
+
+    @strawberry.field
+    async def tags(self, info: Info) -> list[Annotated[Tag, strawberry.lazy("schema.tag")]]:
+        from resolvers.tags import content_tags
+        from schema.tag import Tag
+
+        return [Tag(item=t, content_item=self.item) for t in await content_tags(info.context, self.item)]
 
 
 @strawberry.type

@@ -6,11 +6,13 @@ import strawberry
 
 from resolvers import capsules, families, notifications, users
 from resolvers import content as content_resolvers
+from resolvers import tags as tag_resolvers
 from schema.capsule import Capsule
 from schema.common import Info
 from schema.content import Comment, Content, Upload
 from schema.enums import ContentType, TrustLevel
 from schema.family import Family, FamilyMember
+from schema.tag import Tag
 from schema.user import User
 
 
@@ -188,3 +190,20 @@ class Mutation:
     )
     async def mark_notifications_read(self, info: Info, ids: list[strawberry.ID] | None = None) -> int:
         return await notifications.mark_read(info.context, None if ids is None else [str(i) for i in ids])
+
+    @strawberry.mutation(
+        description="replaces the viewer's tags on one content (at most 10 values); "
+        "private tags are visible to their author alone"
+    )
+    async def set_tags(
+        self,
+        info: Info,
+        content_id: strawberry.ID,
+        values: list[str],
+        set_name: str | None = None,
+        private: bool | None = False,
+    ) -> list[Tag]:
+        content, written = await tag_resolvers.set_tags(
+            info.context, str(content_id), values, set_name, bool(private)
+        )
+        return [Tag(item=tag, content_item=content) for tag in written]

@@ -4,6 +4,7 @@ import strawberry
 
 from resolvers import capsules, families, notifications, users
 from resolvers import content as content_resolvers
+from resolvers import tags as tag_resolvers
 from resolvers.errors import not_found
 from resolvers.pagination import page_size
 from schema.capsule import Capsule, CapsuleConnection, CapsuleEdge
@@ -11,6 +12,7 @@ from schema.common import Info, PageInfo
 from schema.content import Content
 from schema.family import Family, FamilyMember
 from schema.notification import Notification, NotificationConnection, NotificationEdge
+from schema.tag import TagConnection, TagStatus, tag_connection
 from schema.user import User
 from store import items, keys
 
@@ -92,3 +94,31 @@ class Query:
             ],
             page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
         )
+
+    @strawberry.field(
+        description="tags in one family whose value starts with prefix (case-insensitive); "
+        "private tags of others never appear"
+    )
+    async def search_tags(
+        self,
+        info: Info,
+        family_id: strawberry.ID,
+        prefix: str,
+        first: int | None = 20,
+        after: str | None = None,
+    ) -> TagConnection:
+        page = await tag_resolvers.search_tags(
+            info.context, str(family_id), prefix, page_size(first, 20), after
+        )
+        return tag_connection(page)
+
+    @strawberry.field(description="the viewer's own tags whose value starts with prefix")
+    async def my_tags(
+        self, info: Info, prefix: str = "", first: int | None = 20, after: str | None = None
+    ) -> TagConnection:
+        return tag_connection(await tag_resolvers.my_tags(info.context, prefix, page_size(first, 20), after))
+
+    @strawberry.field(description="answered with point reads, never by reading every tag of the set")
+    async def tag_status(self, info: Info, family_id: strawberry.ID, set_name: str) -> TagStatus:
+        anyone, viewer = await tag_resolvers.tag_status(info.context, str(family_id), set_name)
+        return TagStatus(tagged_by_anyone=anyone, tagged_by_viewer=viewer)

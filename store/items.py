@@ -467,6 +467,7 @@ class Capsule:
     unlocked_at: str | None = None
     viewed_at: str | None = None
     creator_told_empty: bool = False
+    unlocking_at: str | None = None
 
     @property
     def key(self) -> Key:
@@ -492,6 +493,7 @@ class Capsule:
             "unlockedAt": self.unlocked_at,
             "viewedAt": self.viewed_at,
             "creatorToldEmpty": self.creator_told_empty,
+            "unlockingAt": self.unlocking_at,
             "GSI1PK": gsi1pk,
             "GSI1SK": gsi1sk,
         }
@@ -515,6 +517,7 @@ class Capsule:
             unlocked_at=_opt(item, "unlockedAt"),
             viewed_at=_opt(item, "viewedAt"),
             creator_told_empty=bool(item.get("creatorToldEmpty", False)),
+            unlocking_at=_opt(item, "unlockingAt"),
         )
 
 

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.servers import SECRET, ServerProcess
+from tests.servers import SECRET, ServerProcess, running_moto_server
 
 AWS_REGION = "us-east-1"
 
@@ -41,37 +37,9 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def moto_server(aws_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A moto_server on a free local port for the whole session; yields its URL."""
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path_factory.mktemp("moto") / "moto_server.log"
-    script = Path(sys.executable).parent / "moto_server"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "moto.server"]
-    with log_path.open("wb") as log:
-        process = subprocess.Popen([*command, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"moto_server exited ({process.returncode}):\n{log_path.read_text()}")
-            try:
-                with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):
-                    break
-            except urllib.error.HTTPError:
-                break  # it answered
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                if time.monotonic() > deadline:
-                    pytest.fail(f"moto_server did not answer on {url}:\n{log_path.read_text()}")
-                time.sleep(0.1)
+    """One moto_server for the whole session."""
+    with running_moto_server(tmp_path_factory.mktemp("moto")) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +53,57 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
         yield server
     finally:
         server.stop()
+
+
+def _redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real Redis: the configured one when it answers, else one started here."""
+    import os
+    import shutil
+
+    configured = os.environ.get("MIFAMILIAS_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    if _redis_answers(configured):
+        yield configured
+        return
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("no Redis answers and redis-server is not installed (./dev test installs it)")
+    port = _free_port()
+    folder = tmp_path_factory.mktemp("redis")
+    process = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(folder),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 10
+        while not _redis_answers(url):
+            if time.monotonic() > deadline or process.poll() is not None:
+                pytest.fail("redis-server did not start")
+            time.sleep(0.05)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)

@@ -44,7 +44,9 @@ async def put_bytes(api: Any, url: str, body: bytes, mime: str) -> int:
     """PUTs through the app for local URLs, over the network for S3's."""
     headers = {"Content-Type": mime}
     if url.startswith("http://127.0.0.1:8000/"):
-        response = await api.client.put(url.removeprefix("http://127.0.0.1:8000"), content=body, headers=headers)
+        response = await api.client.put(
+            url.removeprefix("http://127.0.0.1:8000"), content=body, headers=headers
+        )
     else:
         import httpx
 
@@ -53,16 +55,40 @@ async def put_bytes(api: Any, url: str, body: bytes, mime: str) -> int:
     return int(response.status_code)
 
 
-async def start_upload(api: Any, user: str, family_id: str, kind: str, mime: str, size: int,
-                       title: str | None = None, capsule_id: str | None = None) -> dict[str, Any]:
-    variables = {"input": {"familyId": family_id, "type": kind, "mimeType": mime, "sizeBytes": size,
-                           "title": title, "capsuleId": capsule_id}}
+async def start_upload(
+    api: Any,
+    user: str,
+    family_id: str,
+    kind: str,
+    mime: str,
+    size: int,
+    title: str | None = None,
+    capsule_id: str | None = None,
+) -> dict[str, Any]:
+    variables = {
+        "input": {
+            "familyId": family_id,
+            "type": kind,
+            "mimeType": mime,
+            "sizeBytes": size,
+            "title": title,
+            "capsuleId": capsule_id,
+        }
+    }
     upload: dict[str, Any] = (await api.ok(CREATE_UPLOAD, variables, as_=user))["createUpload"]
     return upload
 
 
-async def upload(api: Any, user: str, family_id: str, kind: str, body: bytes, mime: str,
-                 title: str | None = None, capsule_id: str | None = None) -> str:
+async def upload(
+    api: Any,
+    user: str,
+    family_id: str,
+    kind: str,
+    body: bytes,
+    mime: str,
+    title: str | None = None,
+    capsule_id: str | None = None,
+) -> str:
     """createUpload, the bytes, completeUpload: the content id, now PROCESSING."""
     started = await start_upload(api, user, family_id, kind, mime, len(body), title, capsule_id)
     assert await put_bytes(api, started["uploadUrl"], body, mime) == 200

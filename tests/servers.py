@@ -3,14 +3,19 @@ loopback port, stopped (or killed) by the test."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "test-secret-" + "x" * 32
@@ -78,3 +83,40 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def running_moto_server(log_dir: Path) -> Iterator[str]:
+    """moto's server (see tests/moto_server.py) on a free local port; yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = log_dir / "moto_server.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.moto_server", "127.0.0.1", str(port)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=log,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"moto_server exited ({process.returncode}):\n{log_path.read_text()}")
+            try:
+                with urllib.request.urlopen(f"{url}/moto-api/", timeout=1):
+                    break
+            except urllib.error.HTTPError:
+                break  # it answered
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"moto_server did not answer on {url}:\n{log_path.read_text()}")
+                time.sleep(0.1)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

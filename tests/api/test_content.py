@@ -56,8 +56,9 @@ def media(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-async def test_each_type_walks_to_ready_with_real_outputs(media_api: Api, media: dict[str, Path],
-                                                          tmp_path: Path) -> None:
+async def test_each_type_walks_to_ready_with_real_outputs(
+    media_api: Api, media: dict[str, Path], tmp_path: Path
+) -> None:
     api = media_api
     family_id = await family_with_members(api, "ana", ["ben"])
     cases = [
@@ -101,7 +102,9 @@ async def test_each_type_walks_to_ready_with_real_outputs(media_api: Api, media:
                 assert image.format == "JPEG" and image.size == (320, 240)
 
 
-async def test_a_file_that_is_not_what_it_claims_fails_and_can_be_retried(api: Api, media: dict[str, Path]) -> None:
+async def test_a_file_that_is_not_what_it_claims_fails_and_can_be_retried(
+    api: Api, media: dict[str, Path]
+) -> None:
     family_id = await family_with_members(api, "ana", [])
     content_id = await upload(api, "ana", family_id, "VIDEO", media["audio"].read_bytes(), "video/mp4")
     await settle(api)
@@ -109,8 +112,9 @@ async def test_a_file_that_is_not_what_it_claims_fails_and_can_be_retried(api: A
     assert content["status"] == "FAILED"
     assert "not a video" in content["failureReason"]
     assert content["mediaUrl"] is None
-    retried = await api.ok("mutation($id: ID!) { retryContent(contentId: $id) { status } }", {"id": content_id},
-                           as_="ana")
+    retried = await api.ok(
+        "mutation($id: ID!) { retryContent(contentId: $id) { status } }", {"id": content_id}, as_="ana"
+    )
     assert retried["retryContent"]["status"] == "PROCESSING"
     await settle(api)
     assert (await api.ok(CONTENT, {"id": content_id}, as_="ana"))["content"]["status"] == "FAILED"
@@ -122,9 +126,14 @@ async def test_upload_refusals_write_nothing(api: Api) -> None:
     before = await api.snapshot()
     create = """mutation($input: CreateUploadInput!) { createUpload(input: $input) { uploadUrl } }"""
     base = {"familyId": family_id, "type": "VIDEO", "mimeType": "video/mp4", "sizeBytes": 10}
-    for change, code in [({"mimeType": "image/png"}, "BAD_USER_INPUT"), ({"sizeBytes": 0}, "BAD_USER_INPUT"),
-                         ({"sizeBytes": 10**12}, "BAD_USER_INPUT"), ({"type": "HOLOGRAM"}, "BAD_USER_INPUT"),
-                         ({"title": "x" * 201}, "BAD_USER_INPUT"), ({"familyId": "nope"}, "NOT_FOUND")]:
+    for change, code in [
+        ({"mimeType": "image/png"}, "BAD_USER_INPUT"),
+        ({"sizeBytes": 0}, "BAD_USER_INPUT"),
+        ({"sizeBytes": 10**12}, "BAD_USER_INPUT"),
+        ({"type": "HOLOGRAM"}, "BAD_USER_INPUT"),
+        ({"title": "x" * 201}, "BAD_USER_INPUT"),
+        ({"familyId": "nope"}, "NOT_FOUND"),
+    ]:
         assert (await api.error(create, {"input": {**base, **change}}, as_="ana"))[0] == code, change
     assert (await api.error(create, {"input": base}, as_="zoe"))[0] == "NOT_FOUND"
     assert await api.snapshot() == before
@@ -163,7 +172,11 @@ async def test_forged_and_expired_upload_urls_are_refused(api: Api) -> None:
     assert await put_bytes(api, forged, b"hello", "text/plain") == 403
     other_key = url.replace(started["content"]["id"], "f" * 32)
     assert await put_bytes(api, other_key, b"hello", "text/plain") == 403
-    expired = url.split("expires=")[0] + "expires=1" + url.split("expires=")[1][url.split("expires=")[1].index("&"):]
+    expired = (
+        url.split("expires=")[0]
+        + "expires=1"
+        + url.split("expires=")[1][url.split("expires=")[1].index("&") :]
+    )
     assert await put_bytes(api, expired, b"hello", "text/plain") == 403
     assert (await api.error(COMPLETE, {"id": started["content"]["id"]}, as_="ana"))[0] == "BAD_USER_INPUT"
 
@@ -172,8 +185,17 @@ async def test_feed_reactions_comments_paging_and_delete(api: Api) -> None:
     family_id = await family_with_members(api, "ana", ["ben", "cy"])
     ids = []
     for n in range(5):
-        ids.append(await upload(api, "ana" if n % 2 else "ben", family_id, "TEXT", f"note {n}".encode(),
-                                "text/plain", title=f"note {n}"))
+        ids.append(
+            await upload(
+                api,
+                "ana" if n % 2 else "ben",
+                family_id,
+                "TEXT",
+                f"note {n}".encode(),
+                "text/plain",
+                title=f"note {n}",
+            )
+        )
     await settle(api)
     # Newest first, in pages, every content once.
     seen, after = [], None
@@ -187,17 +209,23 @@ async def test_feed_reactions_comments_paging_and_delete(api: Api) -> None:
 
     target = ids[0]
     assert (await api.ok(REACT, {"id": target, "e": "❤️"}, as_="cy"))["addReaction"] == {
-        "reactions": [{"emoji": "❤️", "count": 1}], "viewerReactions": ["❤️"]}
+        "reactions": [{"emoji": "❤️", "count": 1}],
+        "viewerReactions": ["❤️"],
+    }
     again = await api.ok(REACT, {"id": target, "e": "❤️"}, as_="cy")
     assert again["addReaction"]["reactions"] == [{"emoji": "❤️", "count": 1}]  # idempotent
     await api.ok(REACT, {"id": target, "e": "👍🏽"}, as_="ana")
     await api.ok(REACT, {"id": target, "e": "❤️"}, as_="ana")
-    first = (await api.ok(FEED, {"id": family_id, "first": 5}, as_="cy"))["family"]["feed"]["edges"][-1]["node"]
+    first = (await api.ok(FEED, {"id": family_id, "first": 5}, as_="cy"))["family"]["feed"]["edges"][-1][
+        "node"
+    ]
     assert first["reactions"] == [{"emoji": "❤️", "count": 2}, {"emoji": "👍🏽", "count": 1}]
     assert first["viewerReactions"] == ["❤️"]
     removed = await api.ok(UNREACT, {"id": target, "e": "❤️"}, as_="cy")
-    assert removed["removeReaction"] == {"reactions": [{"emoji": "❤️", "count": 1}, {"emoji": "👍🏽", "count": 1}],
-                                         "viewerReactions": []}
+    assert removed["removeReaction"] == {
+        "reactions": [{"emoji": "❤️", "count": 1}, {"emoji": "👍🏽", "count": 1}],
+        "viewerReactions": [],
+    }
     before = await api.snapshot()
     for bad in ("", "a", "❤️❤️", "hello", "👍 👍"):
         assert (await api.error(REACT, {"id": target, "e": bad}, as_="cy"))[0] == "BAD_USER_INPUT", bad
@@ -207,12 +235,15 @@ async def test_feed_reactions_comments_paging_and_delete(api: Api) -> None:
 
     comments = []
     for n in range(3):
-        comments.append((await api.ok(COMMENT, {"id": target, "b": f"¡qué bien {n}!"}, as_="cy"))["addComment"])
+        comments.append(
+            (await api.ok(COMMENT, {"id": target, "b": f"¡qué bien {n}!"}, as_="cy"))["addComment"]
+        )
     page = (await api.ok(COMMENTS, {"id": target}, as_="ana"))["content"]
     assert page["commentCount"] == 3
     assert [e["node"]["body"] for e in page["comments"]["edges"]] == ["¡qué bien 0!", "¡qué bien 1!"]
-    rest = (await api.ok(COMMENTS, {"id": target, "after": page["comments"]["pageInfo"]["endCursor"]},
-                         as_="ana"))["content"]["comments"]
+    rest = (
+        await api.ok(COMMENTS, {"id": target, "after": page["comments"]["pageInfo"]["endCursor"]}, as_="ana")
+    )["content"]["comments"]
     assert [e["node"]["body"] for e in rest["edges"]] == ["¡qué bien 2!"]
     assert rest["pageInfo"]["hasNextPage"] is False
     notes = await api.ok("{ notifications { edges { node { type content { id } } } } }", as_="ben")
@@ -223,8 +254,12 @@ async def test_feed_reactions_comments_paging_and_delete(api: Api) -> None:
     assert (await api.error(UNCOMMENT, {"id": target, "c": comments[0]["id"]}, as_="ben"))[0] == "FORBIDDEN"
     assert (await api.error(UNCOMMENT, {"id": target, "c": "nope"}, as_="cy"))[0] == "NOT_FOUND"
     assert await api.snapshot() == before
-    assert (await api.ok(UNCOMMENT, {"id": target, "c": comments[0]["id"]}, as_="cy"))["deleteComment"] is True
-    assert (await api.ok(UNCOMMENT, {"id": target, "c": comments[1]["id"]}, as_="ana"))["deleteComment"] is True
+    assert (await api.ok(UNCOMMENT, {"id": target, "c": comments[0]["id"]}, as_="cy"))[
+        "deleteComment"
+    ] is True
+    assert (await api.ok(UNCOMMENT, {"id": target, "c": comments[1]["id"]}, as_="ana"))[
+        "deleteComment"
+    ] is True
     assert (await api.ok(COMMENTS, {"id": target}, as_="ana"))["content"]["commentCount"] == 1
 
     # ben wrote ids[0]; cy may not delete it, the ADMIN may.
@@ -261,10 +296,14 @@ async def test_tampered_feed_cursor_is_bad_input(api: Api) -> None:
     page = (await api.ok(FEED, {"id": family_id, "first": 1}, as_="ana"))["family"]["feed"]
     cursor = page["pageInfo"]["endCursor"]
     tampered = cursor[:5] + ("A" if cursor[5] != "A" else "B") + cursor[6:]
-    assert (await api.error(FEED, {"id": family_id, "first": 1, "after": tampered}, as_="ana"))[0] == "BAD_USER_INPUT"
+    assert (await api.error(FEED, {"id": family_id, "first": 1, "after": tampered}, as_="ana"))[
+        0
+    ] == "BAD_USER_INPUT"
     # A cursor of another list is refused too.
     other = await family_with_members(api, "ana", [], name="Otra")
-    assert (await api.error(FEED, {"id": other, "first": 1, "after": cursor}, as_="ana"))[0] == "BAD_USER_INPUT"
+    assert (await api.error(FEED, {"id": other, "first": 1, "after": cursor}, as_="ana"))[
+        0
+    ] == "BAD_USER_INPUT"
 
 
 async def test_viewing_archiving_and_restoring(media_api: Api) -> None:

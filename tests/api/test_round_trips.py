@@ -26,7 +26,7 @@ async def test_my_families_is_one_store_call_per_level(api: Api) -> None:
         for m in range(9):
             await join(api, f"f{n}m{m}", family["inviteCode"])
     query = "{ myFamilies { family { name admin { givenName } members { edges { node { user { givenName } } } } } } }"
-    total, rounds, calls = await measure(api, query, {}, "viewer")
+    _, rounds, calls = await measure(api, query, {}, "viewer")
     # 1: the viewer's family mirrors (query); 2: families + memberships (one batch get);
     # 3: each family's members (one query per family partition, in parallel) and the admins
     # (one batch get); 4: the 27 other members' profiles (one batch get).

@@ -1,0 +1,255 @@
+"""End to end against a real uvicorn process: the gql client over HTTP and over
+WebSockets (graphql-transport-ws and the legacy graphql-ws), real uploads,
+the real pipeline and the real unlock scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from gql import Client, GraphQLRequest
+from gql.transport.httpx import HTTPXAsyncTransport
+from gql.transport.websockets import WebsocketsTransport
+
+from resolvers.auth import mint_token
+from tests import media_factory
+from tests.servers import SECRET, ServerProcess
+
+
+def token(user: str) -> str:
+    return mint_token(SECRET, user, given_name=user.capitalize(), email=f"{user}@example.org")
+
+
+def ws_client(server: ServerProcess, user: str | None, legacy: bool = False) -> Client:
+    transport = WebsocketsTransport(
+        url=server.ws_url,
+        init_payload={"Authorization": f"Bearer {token(user)}"} if user else {},
+        subprotocols=[
+            WebsocketsTransport.APOLLO_SUBPROTOCOL if legacy else WebsocketsTransport.GRAPHQLWS_SUBPROTOCOL
+        ],
+    )
+    return Client(transport=transport)
+
+
+async def http(server: ServerProcess, user: str, query: str, variables: dict[str, Any] | None = None) -> Any:
+    transport = HTTPXAsyncTransport(
+        url=f"{server.url}/graphql", headers={"Authorization": f"Bearer {token(user)}"}
+    )
+    async with Client(transport=transport) as session:
+        return await session.execute(GraphQLRequest(query, variable_values=variables or {}))
+
+
+async def make_family(server: ServerProcess, admin: str, members: list[str]) -> str:
+    created = await http(server, admin, 'mutation { createFamily(input: {name: "Live"}) { id inviteCode } }')
+    for member in members:
+        await http(
+            server,
+            member,
+            "mutation($c: String!) { joinFamily(inviteCode: $c) { role } }",
+            {"c": created["createFamily"]["inviteCode"]},
+        )
+    return str(created["createFamily"]["id"])
+
+
+async def upload(
+    server: ServerProcess,
+    user: str,
+    family_id: str,
+    kind: str,
+    body: bytes,
+    mime: str,
+    capsule_id: str | None = None,
+    complete: bool = True,
+) -> str:
+    created = await http(
+        server,
+        user,
+        """mutation($i: CreateUploadInput!) {
+        createUpload(input: $i) { uploadUrl content { id } } }""",
+        {
+            "i": {
+                "familyId": family_id,
+                "type": kind,
+                "mimeType": mime,
+                "sizeBytes": len(body),
+                "capsuleId": capsule_id,
+            }
+        },
+    )
+    async with httpx.AsyncClient() as client:
+        response = await client.put(
+            created["createUpload"]["uploadUrl"], content=body, headers={"Content-Type": mime}
+        )
+        assert response.status_code == 200
+    content_id = str(created["createUpload"]["content"]["id"])
+    if complete:
+        await http(
+            server,
+            user,
+            "mutation($id: ID!) { completeUpload(contentId: $id) { status } }",
+            {"id": content_id},
+        )
+    return content_id
+
+
+async def collect(events: AsyncIterator[dict[str, Any]], until: Any, seconds: float) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+
+    async def run() -> None:
+        async for event in events:
+            found.append(event)
+            if until(event):
+                return
+
+    await asyncio.wait_for(run(), seconds)
+    return found
+
+
+async def test_foundation_operations_over_gql_http(live_server: ServerProcess) -> None:
+    family_id = await make_family(live_server, "ana", ["ben"])
+    data = await http(
+        live_server,
+        "ben",
+        """query($id: ID!) { me { id email } family(id: $id) {
+        name viewerRole members { edges { node { role user { givenName } } } } } }""",
+        {"id": family_id},
+    )
+    assert data["me"] == {"id": "ben", "email": "ben@example.org"}
+    assert data["family"]["viewerRole"] == "MEMBER"
+    assert sorted(e["node"]["user"]["givenName"] for e in data["family"]["members"]["edges"]) == [
+        "Ana",
+        "Ben",
+    ]
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["graphql-transport-ws", "graphql-ws"])
+async def test_content_status_walks_to_ready_over_websocket(
+    live_server: ServerProcess, legacy: bool, tmp_path: Path
+) -> None:
+    family_id = await make_family(live_server, "ana", ["ben"])
+    video = media_factory.make_video_with_tone(tmp_path).read_bytes()
+    created = await http(
+        live_server,
+        "ana",
+        """mutation($i: CreateUploadInput!) {
+        createUpload(input: $i) { uploadUrl content { id } } }""",
+        {"i": {"familyId": family_id, "type": "VIDEO", "mimeType": "video/mp4", "sizeBytes": len(video)}},
+    )
+    content_id = created["createUpload"]["content"]["id"]
+    subscription = GraphQLRequest(
+        "subscription($id: ID!) { contentStatusChanged(contentId: $id) { status } }",
+        variable_values={"id": content_id},
+    )
+    async with ws_client(live_server, "ben", legacy) as session:
+        events = session.subscribe(subscription)
+        first = await asyncio.wait_for(anext(events), 10)
+        assert first == {"contentStatusChanged": {"status": "UPLOADING"}}
+        async with httpx.AsyncClient() as client:
+            response = await client.put(
+                created["createUpload"]["uploadUrl"], content=video, headers={"Content-Type": "video/mp4"}
+            )
+            assert response.status_code == 200
+        await http(
+            live_server,
+            "ana",
+            "mutation($id: ID!) { completeUpload(contentId: $id) { status } }",
+            {"id": content_id},
+        )
+        rest = await collect(events, lambda e: e["contentStatusChanged"]["status"] == "READY", 60)
+    statuses = [e["contentStatusChanged"]["status"] for e in rest]
+    assert statuses == ["PROCESSING", "TRANSCODING", "TRANSCRIBING", "READY"]
+
+
+async def test_a_socket_without_a_valid_token_is_closed_unauthorized(live_server: ServerProcess) -> None:
+    for payload in ({}, {"Authorization": "Bearer not-a-token"}):
+        async with websockets.connect(live_server.ws_url, subprotocols=["graphql-transport-ws"]) as socket:
+            import json
+
+            await socket.send(json.dumps({"type": "connection_init", "payload": payload}))
+            with pytest.raises(websockets.ConnectionClosed) as closed:
+                await asyncio.wait_for(socket.recv(), 5)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
+
+
+async def test_capsule_unlocks_over_websocket_within_the_poll_interval(live_server: ServerProcess) -> None:
+    family_id = await make_family(live_server, "ana", ["ben"])
+    unlock = datetime.now(UTC) + timedelta(seconds=4)
+    capsule = (
+        await http(
+            live_server,
+            "ana",
+            """mutation($i: CreateCapsuleInput!) {
+        createCapsule(input: $i) { id status } }""",
+            {
+                "i": {
+                    "familyId": family_id,
+                    "title": "Para Ben",
+                    "unlockDate": unlock.isoformat(),
+                    "recipientIds": ["ben"],
+                }
+            },
+        )
+    )["createCapsule"]
+    await http(
+        live_server,
+        "ana",
+        "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { status } }",
+        {"id": capsule["id"]},
+    )
+    subscription = GraphQLRequest(
+        "subscription { capsuleUnlocked { unlockedAt capsule { id status title content { id status } } } }"
+    )
+    poll = 0.5
+    got: list[tuple[float, dict[str, Any]]] = []
+    async with ws_client(live_server, "ben") as session:
+
+        async def listen() -> None:
+            async for event in session.subscribe(subscription):
+                got.append((time.time(), event))
+
+        listener = asyncio.create_task(listen())
+        await asyncio.sleep(0.3)  # the subscription is registered before anything can unlock
+        content_id = await upload(
+            live_server, "ana", family_id, "TEXT", b"para ti", "text/plain", capsule_id=capsule["id"]
+        )
+        # Until it opens, ben sees neither the content nor it in the feed.
+        sealed = await http(
+            live_server,
+            "ben",
+            "query($id: ID!) { family(id: $id) { feed { edges { node { id } } } } }",
+            {"id": family_id},
+        )
+        assert sealed["family"]["feed"]["edges"] == []
+        deadline = unlock.timestamp() + poll + 1.0
+        while not got and time.time() < deadline + 0.5:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(1.5)  # a duplicate would arrive in this window
+        listener.cancel()
+    assert len(got) == 1, got
+    arrived, event = got[0]
+    assert arrived <= deadline, f"arrived {arrived - unlock.timestamp():.2f} s after the unlock date"
+    assert event["capsuleUnlocked"]["capsule"] == {
+        "id": capsule["id"],
+        "status": "AVAILABLE",
+        "title": "Para Ben",
+        "content": {"id": content_id, "status": "READY"},
+    }
+    notes = await http(
+        live_server, "ben", "{ notifications { edges { node { type capsule { id status } } } } }"
+    )
+    unlocked = [e["node"] for e in notes["notifications"]["edges"] if e["node"]["type"] == "CAPSULE_UNLOCKED"]
+    assert unlocked == [{"type": "CAPSULE_UNLOCKED", "capsule": {"id": capsule["id"], "status": "AVAILABLE"}}]
+    feed = await http(
+        live_server,
+        "ben",
+        "query($id: ID!) { family(id: $id) { feed { edges { node { id } } } } }",
+        {"id": family_id},
+    )
+    assert [e["node"]["id"] for e in feed["family"]["feed"]["edges"]] == [content_id]
