@@ -253,3 +253,58 @@ async def test_capsule_unlocks_over_websocket_within_the_poll_interval(live_serv
         {"id": family_id},
     )
     assert [e["node"]["id"] for e in feed["family"]["feed"]["edges"]] == [content_id]
+
+
+async def test_notifications_arrive_live_and_stop_for_a_removed_member(live_server: ServerProcess) -> None:
+    family_id = await make_family(live_server, "nia", ["olo", "pau"])
+    got: dict[str, list[dict[str, Any]]] = {"olo": [], "pau": []}
+    status_events: list[str] = []
+
+    async def notifications(person: str) -> None:
+        request = GraphQLRequest("subscription { notificationAdded { type content { title } } }")
+        async with ws_client(live_server, person) as session:
+            async for event in session.subscribe(request):
+                got[person].append(event["notificationAdded"])
+
+    async def statuses(content_id: str) -> None:
+        request = GraphQLRequest(
+            "subscription($id: ID!) { contentStatusChanged(contentId: $id) { status } }",
+            variable_values={"id": content_id},
+        )
+        async with ws_client(live_server, "pau") as session:
+            async for event in session.subscribe(request):
+                status_events.append(event["contentStatusChanged"]["status"])
+
+    listeners = [asyncio.create_task(notifications(p)) for p in ("olo", "pau")]
+    await asyncio.sleep(0.5)
+    first = await upload(live_server, "nia", family_id, "TEXT", b"uno", "text/plain")
+    deadline = time.monotonic() + 15
+    while (len(got["olo"]) < 1 or len(got["pau"]) < 1) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert got["olo"] == got["pau"] == [{"type": "NEW_CONTENT", "content": {"title": None}}]
+    assert first
+
+    second = await upload(live_server, "nia", family_id, "TEXT", b"dos", "text/plain", complete=False)
+    watcher = asyncio.create_task(statuses(second))
+    deadline = time.monotonic() + 10
+    while not status_events and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert status_events == ["UPLOADING"]
+    await http(
+        live_server,
+        "nia",
+        "mutation($f: ID!, $u: ID!) { removeMember(familyId: $f, userId: $u) }",
+        {"f": family_id, "u": "pau"},
+    )
+    await http(
+        live_server, "nia", "mutation($id: ID!) { completeUpload(contentId: $id) { status } }", {"id": second}
+    )
+    deadline = time.monotonic() + 15
+    while len(got["olo"]) < 2 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1.0)
+    for task in [*listeners, watcher]:
+        task.cancel()
+    assert len(got["olo"]) == 2
+    assert len(got["pau"]) == 1  # no longer a member: no notification, and
+    assert status_events == ["UPLOADING"]  # no status of the family's content

@@ -1,0 +1,233 @@
+"""Time capsules through the API: the lifecycle, the refusals, notifications,
+and the secrecy of sealed content on every read path."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from tests.api.conftest import Api
+from tests.factories import family_with_members, settle, upload
+
+CREATE = """mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) {
+  id status title unlockDate notificationSent recipients { user { id } notifiedAt viewedAt } } }"""
+SCHEDULE = "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { status } }"
+CANCEL = "mutation($id: ID!) { cancelCapsule(capsuleId: $id) { status } }"
+OPEN = "mutation($id: ID!) { openCapsule(capsuleId: $id) { status recipients { user { id } viewedAt } } }"
+CAPSULE = """query($id: ID!) { capsule(id: $id) { id status notificationSent creator { id }
+  content { id status mediaUrl } recipients { user { id } notifiedAt viewedAt } } }"""
+CONTENT = "query($id: ID!) { content(id: $id) { id status mediaUrl } }"
+FEED = "query($id: ID!) { family(id: $id) { feed { edges { node { id } } } } }"
+NOTES = "{ notifications { edges { node { id type read capsule { id } content { id } } } } }"
+
+
+def unlock_in(api: Api, **delta: float) -> str:
+    return (api.clock.moment + timedelta(**delta)).isoformat()
+
+
+async def make_capsule(api: Api, creator: str, family_id: str, recipients: list[str], **delta: float) -> str:
+    variables = {
+        "i": {
+            "familyId": family_id,
+            "title": "Para ti",
+            "unlockDate": unlock_in(api, **delta or {"days": 1}),
+            "recipientIds": recipients,
+        }
+    }
+    return str((await api.ok(CREATE, variables, as_=creator))["createCapsule"]["id"])
+
+
+async def sealed_capsule(api: Api) -> tuple[str, str, str]:
+    """ana's capsule for ben, LOCKED around real bytes: (family, capsule, content)."""
+    family_id = await family_with_members(api, "ana", ["ben", "cy"])
+    capsule_id = await make_capsule(api, "ana", family_id, ["ben"], days=1)
+    await api.ok(SCHEDULE, {"id": capsule_id}, as_="ana")
+    content_id = await upload(
+        api, "ana", family_id, "TEXT", b"te quiero", "text/plain", capsule_id=capsule_id
+    )
+    await settle(api)
+    return family_id, capsule_id, content_id
+
+
+async def unlock(api: Api) -> Any:
+    api.clock.advance(days=1, seconds=1)
+    return await api.services.extras["scheduler"].run_once()
+
+
+async def test_the_whole_lifecycle(api: Api) -> None:
+    family_id, capsule_id, content_id = await sealed_capsule(api)
+    assert (await api.ok(CAPSULE, {"id": capsule_id}, as_="ana"))["capsule"]["status"] == "LOCKED"
+    mine = await api.ok("{ myCapsules { edges { node { id status } } } }", as_="ana")
+    assert mine["myCapsules"]["edges"] == [{"node": {"id": capsule_id, "status": "LOCKED"}}]
+    received = await api.ok("{ receivedCapsules { edges { node { id status content { id } } } } }", as_="ben")
+    assert received["receivedCapsules"]["edges"] == [
+        {"node": {"id": capsule_id, "status": "LOCKED", "content": None}}
+    ]
+
+    result = await unlock(api)
+    assert result.unlocked == 1
+    capsule = (await api.ok(CAPSULE, {"id": capsule_id}, as_="ben"))["capsule"]
+    assert capsule["status"] == "AVAILABLE" and capsule["notificationSent"] is True
+    assert capsule["content"]["id"] == content_id and capsule["content"]["mediaUrl"]
+    assert capsule["recipients"][0]["notifiedAt"] is not None
+    assert [
+        e["node"]["id"] for e in (await api.ok(FEED, {"id": family_id}, as_="cy"))["family"]["feed"]["edges"]
+    ] == [content_id]
+    for person in ("ana", "ben"):
+        notes = [e["node"] for e in (await api.ok(NOTES, as_=person))["notifications"]["edges"]]
+        unlocked = [n for n in notes if n["type"] == "CAPSULE_UNLOCKED"]
+        assert len(unlocked) == 1 and unlocked[0]["capsule"] == {"id": capsule_id}
+    # A second pass, or a second process, opens nothing twice.
+    assert (await api.services.extras["scheduler"].run_once()).unlocked == 0
+
+    opened = (await api.ok(OPEN, {"id": capsule_id}, as_="ben"))["openCapsule"]
+    assert opened["status"] == "VIEWED" and opened["recipients"][0]["viewedAt"] is not None
+    again = (await api.ok(OPEN, {"id": capsule_id}, as_="ben"))["openCapsule"]
+    assert again["recipients"][0]["viewedAt"] == opened["recipients"][0]["viewedAt"]
+
+
+async def test_sealed_content_is_the_creators_alone_on_every_read_path(api: Api) -> None:
+    family_id, capsule_id, content_id = await sealed_capsule(api)
+    for outsider in ("ben", "cy"):
+        assert (await api.error(CONTENT, {"id": content_id}, as_=outsider))[0] == "NOT_FOUND"
+        assert (await api.ok(FEED, {"id": family_id}, as_=outsider))["family"]["feed"]["edges"] == []
+        notes = [e["node"] for e in (await api.ok(NOTES, as_=outsider))["notifications"]["edges"]]
+        assert all(n["content"] is None and n["type"] != "NEW_CONTENT" for n in notes)
+        code, _ = await api.error(
+            'mutation($id: ID!) { addReaction(contentId: $id, emoji: "👍") { id } }',
+            {"id": content_id},
+            as_=outsider,
+        )
+        assert code == "NOT_FOUND"
+    capsule = (await api.ok(CAPSULE, {"id": capsule_id}, as_="ben"))["capsule"]
+    assert capsule["content"] is None
+    assert (await api.error(CAPSULE, {"id": capsule_id}, as_="cy"))[0] == "NOT_FOUND"
+    # The creator sees it all along, with its media.
+    assert (await api.ok(CONTENT, {"id": content_id}, as_="ana"))["content"]["mediaUrl"]
+    assert (await api.ok(CAPSULE, {"id": capsule_id}, as_="ana"))["capsule"]["content"]["id"] == content_id
+    # Tags on it stay hidden from search too.
+    await api.ok(
+        'mutation($id: ID!) { setTags(contentId: $id, values: ["sorpresa"]) { value } }',
+        {"id": content_id},
+        as_="ana",
+    )
+    search = 'query($f: ID!) { searchTags(familyId: $f, prefix: "sor") { edges { node { value } } } }'
+    assert (await api.ok(search, {"f": family_id}, as_="ben"))["searchTags"]["edges"] == []
+    await unlock(api)
+    assert (await api.ok(CONTENT, {"id": content_id}, as_="cy"))["content"]["id"] == content_id
+    assert (await api.ok(search, {"f": family_id}, as_="ben"))["searchTags"]["edges"] == [
+        {"node": {"value": "sorpresa"}}
+    ]
+
+
+async def test_refusals_change_nothing(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    other_family = await family_with_members(api, "zoe", ["yan"], name="Otra")
+    await api.sign_in("cy")
+    before = await api.snapshot()
+    bad_inputs: list[tuple[dict[str, Any], str]] = [
+        ({"unlockDate": unlock_in(api, days=-1)}, "BAD_USER_INPUT"),
+        ({"unlockDate": unlock_in(api, days=365 * 101)}, "BAD_USER_INPUT"),
+        ({"recipientIds": ["yan"]}, "BAD_USER_INPUT"),
+        ({"recipientIds": ["cy"]}, "BAD_USER_INPUT"),
+        ({"recipientIds": []}, "BAD_USER_INPUT"),
+        ({"title": ""}, "BAD_USER_INPUT"),
+        ({"title": "x" * 201}, "BAD_USER_INPUT"),
+        ({"familyId": other_family}, "NOT_FOUND"),
+    ]
+    base = {
+        "familyId": family_id,
+        "title": "Para ti",
+        "unlockDate": unlock_in(api, days=1),
+        "recipientIds": ["ben"],
+    }
+    for change, code in bad_inputs:
+        assert (await api.error(CREATE, {"i": {**base, **change}}, as_="ana"))[0] == code, change
+    assert await api.snapshot() == before
+
+    family_id, capsule_id, _ = await sealed_capsule(api)
+    draft = await make_capsule(api, "ana", family_id, ["ben"])
+    before = await api.snapshot()
+    assert (await api.error(CANCEL, {"id": capsule_id}, as_="ana"))[0] == "CONFLICT"  # LOCKED
+    assert (await api.error(SCHEDULE, {"id": draft}, as_="ben"))[0] == "NOT_FOUND"  # a draft is the creator's
+    assert (await api.error(SCHEDULE, {"id": capsule_id}, as_="ben"))[0] == "FORBIDDEN"
+    assert (await api.error(SCHEDULE, {"id": capsule_id}, as_="ana"))[0] == "CONFLICT"
+    assert (await api.error(OPEN, {"id": capsule_id}, as_="ben"))[0] == "CONFLICT"  # not open yet
+    assert (await api.error(OPEN, {"id": capsule_id}, as_="cy"))[0] == "NOT_FOUND"  # not a recipient
+    await unlock(api)
+    assert (await api.error(OPEN, {"id": capsule_id}, as_="cy"))[0] == "NOT_FOUND"
+    code, _ = await api.error(OPEN, {"id": capsule_id}, as_="ana")
+    assert code == "FORBIDDEN"  # the creator is not a recipient here
+
+
+async def test_cancel_and_a_capsule_left_empty(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    draft = await make_capsule(api, "ana", family_id, ["ben"])
+    assert (await api.ok(CANCEL, {"id": draft}, as_="ana"))["cancelCapsule"]["status"] == "CANCELLED"
+    scheduled = await make_capsule(api, "ana", family_id, ["ben"])
+    await api.ok(SCHEDULE, {"id": scheduled}, as_="ana")
+    received = await api.ok("{ receivedCapsules { edges { node { id status } } } }", as_="ben")
+    assert received["receivedCapsules"]["edges"] == [{"node": {"id": scheduled, "status": "SCHEDULED"}}]
+    # Its date comes with no content: it stays closed and its creator is told once.
+    await unlock(api)
+    await api.services.extras["scheduler"].run_once()
+    assert (await api.ok(CAPSULE, {"id": scheduled}, as_="ana"))["capsule"]["status"] == "SCHEDULED"
+    notes = [e["node"]["type"] for e in (await api.ok(NOTES, as_="ana"))["notifications"]["edges"]]
+    assert notes.count("CAPSULE_EMPTY") == 1
+    code, _ = await api.error(
+        """mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl } }""",
+        {
+            "i": {
+                "familyId": family_id,
+                "type": "TEXT",
+                "mimeType": "text/plain",
+                "sizeBytes": 3,
+                "capsuleId": scheduled,
+            }
+        },
+        as_="ana",
+    )
+    assert code == "CONFLICT"
+
+
+async def test_unlock_waits_for_the_content_to_be_ready(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    capsule_id = await make_capsule(api, "ana", family_id, ["ben"])
+    await api.ok(SCHEDULE, {"id": capsule_id}, as_="ana")
+    # Garbage for a VIDEO: the pipeline fails it, so the capsule cannot open.
+    await upload(api, "ana", family_id, "VIDEO", b"not a video at all", "video/mp4", capsule_id=capsule_id)
+    await settle(api)
+    result = await unlock(api)
+    assert result.unlocked == 0 and result.waiting == 1
+    assert (await api.ok(CAPSULE, {"id": capsule_id}, as_="ana"))["capsule"]["status"] == "UNLOCKING"
+
+
+async def test_notifications_unread_and_mark_read(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", ["ben", "cy", "dee"])
+    for n in range(3):
+        await upload(api, "ben", family_id, "TEXT", f"hola {n}".encode(), "text/plain")
+    await settle(api)
+    notes = [e["node"] for e in (await api.ok(NOTES, as_="ana"))["notifications"]["edges"]]
+    kinds = [n["type"] for n in notes]
+    assert kinds[:3] == ["NEW_CONTENT"] * 3  # newest first
+    assert kinds.count("MEMBER_JOINED") == 3
+    first_id = notes[0]["id"]
+    marked = await api.ok(
+        "mutation($ids: [ID!]) { markNotificationsRead(ids: $ids) }", {"ids": [first_id]}, as_="ana"
+    )
+    assert marked["markNotificationsRead"] == 1
+    unread = await api.ok("{ notifications(unreadOnly: true) { edges { node { id } } } }", as_="ana")
+    assert first_id not in [e["node"]["id"] for e in unread["notifications"]["edges"]]
+    assert len(unread["notifications"]["edges"]) == len(notes) - 1
+    assert (await api.ok("mutation { markNotificationsRead }", as_="ana"))["markNotificationsRead"] == len(
+        notes
+    ) - 1
+    assert (await api.ok("mutation { markNotificationsRead }", as_="ana"))["markNotificationsRead"] == 0
+    empty = await api.ok(
+        "{ notifications(unreadOnly: true) { edges { node { id } } pageInfo { hasNextPage } } }", as_="ana"
+    )
+    assert empty["notifications"] == {"edges": [], "pageInfo": {"hasNextPage": False}}
+    # ben, the author, is not told of his own content.
+    assert "NEW_CONTENT" not in [
+        e["node"]["type"] for e in (await api.ok(NOTES, as_="ben"))["notifications"]["edges"]
+    ]
