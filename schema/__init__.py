@@ -32,9 +32,10 @@ def build_schema() -> strawberry.Schema:
         subscription=Subscription,
         extensions=[
             ContractErrors,
-            QueryDepthLimiter(max_depth=MAX_DEPTH),
-            MaxAliasesLimiter(max_alias_count=MAX_ALIASES),
-            MaxTokensLimiter(max_token_count=MAX_TOKENS),
+            # Instances are accepted at run time; the annotation only names classes.
+            QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]
+            MaxAliasesLimiter(max_alias_count=MAX_ALIASES),  # type: ignore[list-item]
+            MaxTokensLimiter(max_token_count=MAX_TOKENS),  # type: ignore[list-item]
         ],
     )
 

@@ -74,7 +74,7 @@ class Mutation:
     @strawberry.mutation
     async def create_family(self, info: Info, input: CreateFamilyInput) -> Family:
         family = await families.create_family(
-            info.context, input.name, input.trust_level.value, input.vouch_threshold
+            info.context, input.name, input.trust_level.name, input.vouch_threshold
         )
         return Family(item=family)
 
