@@ -17,7 +17,17 @@ from resolvers.pagination import ItemPage, query_page
 from resolvers.validation import clean_text
 from store import keys
 from store.items import Capsule, Content, Recipient, iso
-from store.port import NotExists, Put, SortKey, TransactionCancelled, Update, WriteOp, eq
+from store.port import (
+    ConditionFailed,
+    NotExists,
+    Put,
+    SortKey,
+    Table,
+    TransactionCancelled,
+    Update,
+    WriteOp,
+    eq,
+)
 
 MAX_TITLE = 200
 MAX_RECIPIENTS = 48  # the unlock transaction holds capsule, content, and two items per recipient
@@ -186,10 +196,11 @@ async def open_capsule(ctx: Context, capsule_id: str) -> Capsule:
             Update(keys.recipient(capsule.id, viewer), set={"viewedAt": now}, condition=eq("viewedAt", None)),
         ]
         if capsule.status == "AVAILABLE":
+            gsi2pk, gsi2sk = keys.retention_gsi2(now, capsule.id)
             ops.append(
                 Update(
                     capsule.key,
-                    set={"status": "VIEWED", "viewedAt": now},
+                    set={"status": "VIEWED", "viewedAt": now, "GSI2PK": gsi2pk, "GSI2SK": gsi2sk},
                     condition=eq("status", "AVAILABLE"),
                 )
             )
@@ -236,3 +247,25 @@ async def received_capsules(ctx: Context, first: int, after: str | None) -> Item
         first=first,
         after=after,
     )
+
+
+async def archive_viewed(table: Table, now: datetime, retention_days: int) -> int:
+    """VIEWED -> ARCHIVED once the retention period after the first view has passed."""
+    cutoff = iso(now - timedelta(days=retention_days))
+    archived = 0
+    for shard in range(keys.ARCHIVE_SHARDS):
+        page = await table.query(keys.retention_pk(shard), SortKey("<", cutoff), index="GSI2", limit=100)
+        for item in page.items:
+            try:
+                await table.update(
+                    Update(
+                        (item["PK"], item["SK"]),
+                        set={"status": "ARCHIVED"},
+                        remove=["GSI2PK", "GSI2SK"],
+                        condition=eq("status", "VIEWED"),
+                    )
+                )
+            except ConditionFailed:
+                continue
+            archived += 1
+    return archived

@@ -8,6 +8,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
+from resolvers import capsules
 from resolvers.broker import Broker, InProcessBroker, RedisBroker
 from resolvers.context import Services
 from resolvers.pipeline import Pipeline
@@ -85,7 +86,12 @@ async def start_background(
 
     scheduler = UnlockScheduler(services)
     services.extras["scheduler"] = scheduler
+
+    async def archive_capsules() -> int:
+        return await capsules.archive_viewed(services.table, services.now(), settings.capsule_retention_days)
+
     tasks = [
+        asyncio.create_task(every(ARCHIVE_SWEEP_SECONDS, "capsule retention sweep", archive_capsules)),
         asyncio.create_task(every(settings.unlock_poll_seconds, "unlock scheduler", scheduler.run_once)),
         asyncio.create_task(every(RECOVERY_SECONDS, "pipeline recovery", pipeline.recover)),
         asyncio.create_task(

@@ -166,6 +166,15 @@ def recipient_gsi1(user_id: str, unlock_date: str, capsule_id: str) -> tuple[str
 RECEIVED_PREFIX = "RECEIVED#"
 
 
+def retention_pk(shard: int) -> str:
+    return f"CAPSULE_RETENTION#{shard}"
+
+
+def retention_gsi2(viewed_at: str, capsule_id: str) -> tuple[str, str]:
+    """VIEWED capsules, by first view, for the retention sweep (-> ARCHIVED)."""
+    return (retention_pk(unlock_shard_of(capsule_id, ARCHIVE_SHARDS)), f"{viewed_at}#{capsule_id}")
+
+
 def unlock_checkpoint() -> Key:
     return ("SCHEDULER", "UNLOCK_CHECKPOINT")
 

@@ -85,6 +85,15 @@ async def test_the_whole_lifecycle(api: Api) -> None:
     again = (await api.ok(OPEN, {"id": capsule_id}, as_="ben"))["openCapsule"]
     assert again["recipients"][0]["viewedAt"] == opened["recipients"][0]["viewedAt"]
 
+    # Retention: VIEWED -> ARCHIVED once the period after the first view has passed.
+    from resolvers.capsules import archive_viewed
+
+    assert await archive_viewed(api.table, api.clock(), 365) == 0
+    api.clock.advance(days=366)
+    assert await archive_viewed(api.table, api.clock(), 365) == 1
+    archived = (await api.ok(CAPSULE, {"id": capsule_id}, as_="ben"))["capsule"]
+    assert archived["status"] == "ARCHIVED" and archived["content"]["id"] == content_id
+
 
 async def test_sealed_content_is_the_creators_alone_on_every_read_path(api: Api) -> None:
     family_id, capsule_id, content_id = await sealed_capsule(api)
