@@ -74,27 +74,23 @@ class TokenVerifier:
 
     async def verify(self, token: str) -> Claims:
         try:
+            key: Any
             if self._jwks is not None:
                 # PyJWKClient fetches over blocking HTTP; keys are cached after the first.
-                signing_key = await asyncio.to_thread(self._jwks.get_signing_key_from_jwt, token)
-                payload = jwt.decode(
-                    token,
-                    signing_key.key,
-                    algorithms=["RS256"],
-                    issuer=self.issuer,
-                    audience=self.audience,
-                    options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
+                key, algorithm = (
+                    (await asyncio.to_thread(self._jwks.get_signing_key_from_jwt, token)).key,
+                    "RS256",
                 )
             else:
-                assert self.secret is not None
-                payload = jwt.decode(
-                    token,
-                    self.secret,
-                    algorithms=["HS256"],
-                    issuer=self.issuer,
-                    audience=self.audience,
-                    options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
-                )
+                key, algorithm = self.secret, "HS256"
+            payload = jwt.decode(
+                token,
+                key,
+                algorithms=[algorithm],
+                issuer=self.issuer,
+                audience=self.audience,
+                options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
+            )
         except jwt.ExpiredSignatureError as error:
             raise Unauthenticated("the token has expired") from error
         except (jwt.PyJWTError, ValueError) as error:

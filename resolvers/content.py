@@ -247,11 +247,15 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
         raise Conflict("the capsule is no longer SCHEDULED") from error
     ctx.loaders.forget(content.key)
     moved = Content(**{**content.__dict__, "status": "PROCESSING"})
-    await publish_status(broker_of(ctx), moved)
+    await _to_pipeline(ctx, moved)
+    return moved
+
+
+async def _to_pipeline(ctx: Context, content: Content) -> None:
+    await publish_status(broker_of(ctx), content)
     submit = ctx.services.extras.get("submit")
     if submit is not None:
         submit(content.id)
-    return moved
 
 
 async def retry_content(ctx: Context, content_id: str) -> Content:
@@ -266,10 +270,7 @@ async def retry_content(ctx: Context, content_id: str) -> Content:
         raise Conflict("the content changed meanwhile") from error
     ctx.loaders.remember(item)
     moved = Content.from_item(item)
-    await publish_status(broker_of(ctx), moved)
-    submit = ctx.services.extras.get("submit")
-    if submit is not None:
-        submit(content.id)
+    await _to_pipeline(ctx, moved)
     return moved
 
 

@@ -5,8 +5,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import strawberry
 
-from resolvers import capsules, families, users
-from resolvers.errors import not_found
+from resolvers import capsules, users
 from schema.common import Info, PageInfo, maybe_when, when
 from schema.content import Content
 from schema.enums import CapsuleStatus
@@ -44,12 +43,9 @@ class Capsule:
 
     @strawberry.field
     async def family(self, info: Info) -> Annotated[Family, strawberry.lazy("schema.family")]:
-        from schema.family import Family
+        from schema.family import family_of
 
-        family = await families.load_family(info.context, self.item.family_id)
-        if family is None:
-            raise not_found("family")
-        return Family(item=family)
+        return await family_of(info, self.item.family_id)
 
     @strawberry.field
     async def creator(self, info: Info) -> User:

@@ -6,8 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 import strawberry
 
 from resolvers import content as content_resolvers
-from resolvers import families, users
-from resolvers.errors import not_found
+from resolvers import users
 from resolvers.pagination import page_size
 from schema.common import Info, PageInfo, when
 from schema.enums import ContentStatus, ContentType
@@ -68,12 +67,9 @@ class Content:
 
     @strawberry.field
     async def family(self, info: Info) -> Annotated[Family, strawberry.lazy("schema.family")]:
-        from schema.family import Family
+        from schema.family import family_of
 
-        family = await families.load_family(info.context, self.item.family_id)
-        if family is None:
-            raise not_found("family")
-        return Family(item=family)
+        return await family_of(info, self.item.family_id)
 
     @strawberry.field
     async def author(self, info: Info) -> User:

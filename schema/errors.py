@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
@@ -14,48 +15,31 @@ from resolvers.errors import ApiError
 log = logging.getLogger("mifamilias.errors")
 
 
-def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
-    original = error.original_error
-    if isinstance(original, ApiError):
-        return GraphQLError(
-            original.message,
-            nodes=error.nodes,
-            source=error.source,
-            positions=error.positions,
-            path=error.path,
-            extensions={"code": original.code},
-        )
-    if original is None:
-        # Parse and validation errors: the request itself is wrong.
-        code = (error.extensions or {}).get("code") or "BAD_USER_INPUT"
-        if code not in ("RATE_LIMITED", "UNAUTHENTICATED"):
-            code = "BAD_USER_INPUT"
-        return GraphQLError(
-            error.message,
-            nodes=error.nodes,
-            source=error.source,
-            positions=error.positions,
-            path=error.path,
-            extensions={"code": code},
-        )
-    if isinstance(original, GraphQLError) and original.original_error is None:
-        # Variable coercion failures (an unknown enum value, a wrong type) land here.
-        return GraphQLError(
-            error.message,
-            nodes=error.nodes,
-            source=error.source,
-            positions=error.positions,
-            path=error.path,
-            extensions={"code": "BAD_USER_INPUT"},
-        )
-    log.error("unexpected error (request %s)", request_id, exc_info=original)
+def _relabel(error: GraphQLError, message: str, extensions: dict[str, Any]) -> GraphQLError:
+    """The same place in the query, with what the client may know of it."""
     return GraphQLError(
-        f"Internal server error (request id {request_id})",
+        message,
         nodes=error.nodes,
         source=error.source,
         positions=error.positions,
         path=error.path,
-        extensions={"code": "INTERNAL_SERVER_ERROR", "requestId": request_id},
+        extensions=extensions,
+    )
+
+
+def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
+    original = error.original_error
+    if isinstance(original, ApiError):
+        return _relabel(error, original.message, {"code": original.code})
+    if original is None or (isinstance(original, GraphQLError) and original.original_error is None):
+        # Parse and validation errors, and variables that do not coerce (an
+        # unknown enum value, a wrong type): the request itself is wrong.
+        return _relabel(error, error.message, {"code": "BAD_USER_INPUT"})
+    log.error("unexpected error (request %s)", request_id, exc_info=original)
+    return _relabel(
+        error,
+        f"Internal server error (request id {request_id})",
+        {"code": "INTERNAL_SERVER_ERROR", "requestId": request_id},
     )
 
 

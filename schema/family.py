@@ -121,3 +121,11 @@ class FamilyMemberEdge:
 class FamilyMemberConnection:
     edges: list[FamilyMemberEdge]
     page_info: PageInfo
+
+
+async def family_of(info: Info, family_id: str) -> Family:
+    """The Family a content or capsule belongs to; the caller has authorized it."""
+    family = await families.load_family(info.context, family_id)
+    if family is None:
+        raise not_found("family")
+    return Family(item=family)
