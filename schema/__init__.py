@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import strawberry
-from strawberry.extensions import MaxAliasesLimiter, MaxTokensLimiter, QueryDepthLimiter
+from strawberry.extensions import MaxAliasesLimiter, MaxTokensLimiter, QueryDepthLimiter, SchemaExtension
 
+from resolvers.context import Context
+from resolvers.loaders import Loaders
 from schema.errors import ContractErrors
 from schema.mutation import Mutation
 from schema.query import Query
@@ -16,6 +19,17 @@ from schema.subscription import Subscription
 MAX_DEPTH = 12
 MAX_ALIASES = 30
 MAX_TOKENS = 5000
+
+
+class FreshLoaders(SchemaExtension):
+    """Loaders live for one operation: a WebSocket connection keeps its context
+    for every operation it carries, and must not serve one a stale cache."""
+
+    def on_operation(self) -> Iterator[None]:
+        context = self.execution_context.context
+        if isinstance(context, Context):
+            context.loaders = Loaders(context.table)
+        yield
 
 
 class MiFamiliasSchema(strawberry.Schema):
@@ -32,6 +46,7 @@ def build_schema() -> strawberry.Schema:
         subscription=Subscription,
         extensions=[
             ContractErrors,
+            FreshLoaders,
             # Instances are accepted at run time; the annotation only names classes.
             QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]
             MaxAliasesLimiter(max_alias_count=MAX_ALIASES),  # type: ignore[list-item]

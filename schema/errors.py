@@ -27,8 +27,21 @@ def _relabel(error: GraphQLError, message: str, extensions: dict[str, Any]) -> G
     )
 
 
+CODES = {
+    "UNAUTHENTICATED",
+    "FORBIDDEN",
+    "NOT_FOUND",
+    "BAD_USER_INPUT",
+    "CONFLICT",
+    "RATE_LIMITED",
+    "INTERNAL_SERVER_ERROR",
+}
+
+
 def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
     original = error.original_error
+    if original is None and (error.extensions or {}).get("code") in CODES:
+        return error  # relabelled already (a subscription event, then its operation)
     if isinstance(original, ApiError):
         return _relabel(error, original.message, {"code": original.code})
     if original is None or (isinstance(original, GraphQLError) and original.original_error is None):
@@ -44,12 +57,17 @@ def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
 
 
 class ContractErrors(SchemaExtension):
+    def _relabel_all(self, result: Any) -> None:
+        errors = getattr(result, "errors", None)
+        if errors:
+            request_id = getattr(self.execution_context.context, "request_id", "-")
+            result.errors = [to_client_error(error, request_id) for error in errors]
+
     def on_operation(self) -> Iterator[None]:
         yield
-        result = self.execution_context.result
-        errors = getattr(result, "errors", None)
-        if not errors:
-            return
-        context = self.execution_context.context
-        request_id = getattr(context, "request_id", "-")
-        result.errors = [to_client_error(error, request_id) for error in errors]  # type: ignore[union-attr]
+        self._relabel_all(self.execution_context.result)
+
+    def on_stream_result(self, result: Any) -> Iterator[None]:
+        # Each subscription event leaves through here, before the operation ends.
+        self._relabel_all(result)
+        yield None

@@ -326,3 +326,23 @@ async def test_viewing_archiving_and_restoring(media_api: Api) -> None:
     restored = (await api.ok(restore, {"id": content_id}, as_="ben"))["restoreContent"]
     assert restored["status"] == "READY" and restored["mediaUrl"]
     assert await blobs.storage_class(f"content/{content_id}/original") == "STANDARD"
+
+
+async def test_content_left_mid_pipeline_is_picked_up_again(api: Api) -> None:
+    """As after a crash: the bytes are in, the content is PROCESSING, and no
+    worker has it queued. The recovery pass the worker runs at start-up finds it."""
+    from store import keys
+    from store.items import Content as ContentItem
+
+    family_id = await family_with_members(api, "ana", [])
+    started = await start_upload(api, "ana", family_id, "TEXT", "text/plain", 4)
+    content_id = started["content"]["id"]
+    assert await put_bytes(api, started["uploadUrl"], b"hola", "text/plain") == 200
+    item = await api.table.get(keys.content(content_id))
+    assert item is not None
+    await api.table.update(ContentItem.from_item(item).transition("PROCESSING", api.services.now_iso()))
+    await settle(api)
+    assert (await api.ok(CONTENT, {"id": content_id}, as_="ana"))["content"]["status"] == "PROCESSING"
+    assert await api.services.extras["pipeline"].recover() == 1
+    await settle(api)
+    assert (await api.ok(CONTENT, {"id": content_id}, as_="ana"))["content"]["status"] == "READY"
