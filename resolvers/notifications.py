@@ -8,13 +8,10 @@ from collections.abc import Iterable, Sequence
 
 from resolvers.broker import Broker, user_channel
 from resolvers.context import Context
-from resolvers.pagination import ItemPage, check_first
+from resolvers.pagination import ItemPage, filtered_page
 from store import keys
-from store.expressions import cursor_for
 from store.items import Family, Membership, Notification
-from store.port import ConditionFailed, InvalidCursor, NotExists, Put, SortKey, Table, Update, eq
-
-MAX_UNREAD_SCAN = 1000
+from store.port import ConditionFailed, Item, NotExists, Put, SortKey, Table, Update, eq
 
 
 def notification_id(*parts: str) -> str:
@@ -95,41 +92,22 @@ async def _family_note(
 
 
 async def notifications_page(ctx: Context, first: int, after: str | None, unread_only: bool) -> ItemPage:
-    """Newest first. Unread-only pages read on past read items (bounded)."""
-    check_first(first)
+    """Newest first; unread-only pages read on past read items (bounded)."""
     viewer = await ctx.viewer_id()
-    scope = f"notifications:{viewer}:{unread_only}"
-    position = ctx.services.cursors.open(scope, after) if after else None
-    found: list[dict[str, object]] = []
-    scanned = 0
-    has_next = False
-    while True:
-        try:
-            page = await ctx.table.query(
-                keys.user_pk(viewer),
-                SortKey.begins_with(keys.NOTIFICATION_PREFIX),
-                descending=True,
-                limit=first if not unread_only else max(first, 50),
-                cursor=position,
-            )
-        except InvalidCursor as error:
-            from resolvers.errors import BadInput
 
-            raise BadInput("the cursor is not valid") from error
-        for item in page.items:
-            scanned += 1
-            if unread_only and item.get("read"):
-                continue
-            if len(found) == first:
-                has_next = True
-                break
-            found.append(item)
-        if has_next or page.cursor is None or scanned >= MAX_UNREAD_SCAN:
-            has_next = has_next or (page.cursor is not None and len(found) == first)
-            break
-        position = page.cursor
-    cursors = [ctx.services.cursors.sign(scope, cursor_for(item, "table")) for item in found]
-    return ItemPage(found, cursors, has_next)
+    async def keep(found: list[Item]) -> list[bool]:
+        return [not (unread_only and item.get("read")) for item in found]
+
+    return await filtered_page(
+        ctx,
+        scope=f"notifications:{viewer}:{unread_only}",
+        pk=keys.user_pk(viewer),
+        sk=SortKey.begins_with(keys.NOTIFICATION_PREFIX),
+        descending=True,
+        first=first,
+        after=after,
+        keep=keep,
+    )
 
 
 async def mark_read(ctx: Context, ids: Sequence[str] | None) -> int:

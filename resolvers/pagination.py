@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from resolvers.context import Context
@@ -18,10 +19,12 @@ class ItemPage:
     items: list[Item]
     cursors: list[str]
     has_next: bool
+    # Past the last edge when filtering stopped reading before filling the page.
+    resume_cursor: str | None = None
 
     @property
     def end_cursor(self) -> str | None:
-        return self.cursors[-1] if self.cursors else None
+        return self.resume_cursor or (self.cursors[-1] if self.cursors else None)
 
 
 def page_size(first: int | None, default: int) -> int:
@@ -56,3 +59,46 @@ async def query_page(
         raise BadInput("the cursor is not valid") from error
     cursors = [ctx.services.cursors.sign(scope, cursor_for(item, index)) for item in page.items]
     return ItemPage(page.items, cursors, page.cursor is not None)
+
+
+async def filtered_page(
+    ctx: Context,
+    *,
+    scope: str,
+    pk: str,
+    sk: SortKey | None = None,
+    index: Index = "table",
+    descending: bool = False,
+    first: int,
+    after: str | None,
+    keep: Callable[[list[Item]], Awaitable[list[bool]]],
+    max_reads: int = 5,
+) -> ItemPage:
+    """A page of the items `keep` accepts. Filtering can drop items, so the page
+    is filled by reading on, at most `max_reads` queries; if that bound comes
+    first, the page is short and its end cursor continues after all it read."""
+    check_first(first)
+    position = ctx.services.cursors.open(scope, after) if after else None
+    kept: list[Item] = []
+    cursors: list[str] = []
+    for _ in range(max_reads):
+        try:
+            page = await ctx.table.query(
+                pk, sk, index=index, descending=descending, limit=first, cursor=position
+            )
+        except InvalidCursor as error:
+            raise BadInput("the cursor is not valid") from error
+        for item, wanted in zip(page.items, await keep(page.items), strict=True):
+            if not wanted:
+                continue
+            if len(kept) == first:
+                return ItemPage(kept, cursors, True)  # one more is left: there is a next page
+            kept.append(item)
+            cursors.append(ctx.services.cursors.sign(scope, cursor_for(item, index)))
+        if page.cursor is None:
+            return ItemPage(kept, cursors, False)
+        if len(kept) == first:
+            return ItemPage(kept, cursors, True)
+        position = page.cursor
+    assert position is not None
+    return ItemPage(kept, cursors, True, ctx.services.cursors.sign(scope, position))

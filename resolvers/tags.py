@@ -84,9 +84,8 @@ from resolvers import families
 from resolvers.content import may_read, readable_content
 from resolvers.context import Context
 from resolvers.errors import BadInput, Conflict, not_found
-from resolvers.pagination import check_first
+from resolvers.pagination import filtered_page
 from store import keys
-from store.expressions import cursor_for
 from store.items import Content, Tag
 from store.port import (
     MAX_TRANSACTION_ITEMS,
@@ -95,7 +94,6 @@ from store.port import (
     Delete,
     Exists,
     Index,
-    InvalidCursor,
     Item,
     Key,
     NotExists,
@@ -483,38 +481,33 @@ async def my_tags(ctx: Context, prefix: str, first: int, after: str | None) -> T
 async def _tag_page(
     ctx: Context, *, scope: str, pk: str, sk: SortKey | None, index: Index, first: int, after: str | None
 ) -> TagPage:
-    """A page of visible tags in value order. Filtering can drop items, so the
-    page is filled by reading on, at most SEARCH_READS queries; if that bound
-    is reached first, the page is short and its end cursor continues after
-    everything read."""
-    check_first(first)
-    cursors = ctx.services.cursors
-    position = cursors.open(scope, after) if after else None
-    tags: list[Tag] = []
-    contents: list[Content] = []
-    edge_cursors: list[str] = []
-    for _ in range(SEARCH_READS):
-        try:
-            page = await ctx.table.query(pk, sk, index=index, limit=first, cursor=position)
-        except InvalidCursor as error:
-            raise BadInput("the cursor is not valid") from error
-        seen = await _visible(ctx, page.items)
-        for item, visible in zip(page.items, seen, strict=True):
-            if visible is None:
-                continue
-            if len(tags) == first:
-                # A visible tag is left over in this page: there is a next page.
-                return TagPage(tags, contents, edge_cursors, True, edge_cursors[-1])
-            tags.append(visible[0])
-            contents.append(visible[1])
-            edge_cursors.append(cursors.sign(scope, cursor_for(item, index)))
-        if page.cursor is None:
-            return TagPage(tags, contents, edge_cursors, False, edge_cursors[-1] if edge_cursors else None)
-        if len(tags) == first:
-            return TagPage(tags, contents, edge_cursors, True, edge_cursors[-1])
-        position = page.cursor
-    assert position is not None
-    return TagPage(tags, contents, edge_cursors, True, cursors.sign(scope, position))
+    """A page of the tags the viewer may see, in value order."""
+    seen: dict[Key, tuple[Tag, Content]] = {}
+
+    async def keep(found: list[Item]) -> list[bool]:
+        visible = await _visible(ctx, found)
+        seen.update({(i["PK"], i["SK"]): v for i, v in zip(found, visible, strict=True) if v is not None})
+        return [v is not None for v in visible]
+
+    page = await filtered_page(
+        ctx,
+        scope=scope,
+        pk=pk,
+        sk=sk,
+        index=index,
+        first=first,
+        after=after,
+        keep=keep,
+        max_reads=SEARCH_READS,
+    )
+    pairs = [seen[(item["PK"], item["SK"])] for item in page.items]
+    return TagPage(
+        [tag for tag, _ in pairs],
+        [content for _, content in pairs],
+        page.cursors,
+        page.has_next,
+        page.end_cursor,
+    )
 
 
 async def _visible(ctx: Context, found: list[Item]) -> list[tuple[Tag, Content] | None]:
