@@ -7,7 +7,6 @@ import secrets
 import unicodedata
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from resolvers import families, notifications
 from resolvers.broker import Broker, content_channel
@@ -17,7 +16,7 @@ from resolvers.pagination import ItemPage, query_page
 from resolvers.validation import clean_optional, clean_text
 from store import keys
 from store.blobs import BlobStore
-from store.items import Capsule, Comment, Content, Membership, Notification, Reaction, reaction_attr
+from store.items import Capsule, Comment, Content, Membership, Notification, Reaction, iso, reaction_attr
 from store.port import (
     ConditionFailed,
     Delete,
@@ -351,8 +350,6 @@ def comment_key_of(content_id: str, comment_id: str) -> tuple[str, str] | None:
         return None
     if len(comment_id) != 26:
         return None
-    from store.items import iso
-
     moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=micros)
     return keys.comment(content_id, iso(moment), comment_id)
 
@@ -372,8 +369,6 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
     content, membership = await readable_content(ctx, content_id)
     text = clean_text(body, "body", MAX_COMMENT)
     moment = ctx.services.now()
-    from store.items import iso
-
     comment = Comment(content.id, new_comment_id(moment), membership.user_id, text, iso(moment))
     try:
         await ctx.table.transact(
@@ -513,7 +508,3 @@ async def _reloaded(ctx: Context, content: Content, viewer: str) -> Content:
 
 def reaction_counts(content: Content) -> list[tuple[str, int]]:
     return sorted(content.reactions.items(), key=lambda pair: (-pair[1], pair[0]))
-
-
-def item_to_content(item: dict[str, Any]) -> Content:
-    return Content.from_item(item)
