@@ -7,7 +7,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import strawberry
-from strawberry.extensions import MaxAliasesLimiter, MaxTokensLimiter, QueryDepthLimiter, SchemaExtension
+from strawberry.extensions import (
+    MaxAliasesLimiter,
+    MaxTokensLimiter,
+    ParserCache,
+    QueryDepthLimiter,
+    SchemaExtension,
+    ValidationCache,
+)
 
 from resolvers.context import Context
 from resolvers.loaders import Loaders
@@ -19,6 +26,10 @@ from schema.subscription import Subscription
 MAX_DEPTH = 12
 MAX_ALIASES = 30
 MAX_TOKENS = 5000
+# Bounded LRU caches of parsed and validated documents, keyed by the query text
+# (and the parse options, the document and the validation rules): clients send a
+# few fixed documents; unique texts only evict. bench/ section 1 and 2 measure it.
+DOCUMENT_CACHE = 256
 
 
 class FreshLoaders(SchemaExtension):
@@ -51,6 +62,8 @@ def build_schema() -> strawberry.Schema:
             QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]
             MaxAliasesLimiter(max_alias_count=MAX_ALIASES),  # type: ignore[list-item]
             MaxTokensLimiter(max_token_count=MAX_TOKENS),  # type: ignore[list-item]
+            lambda: ParserCache(maxsize=DOCUMENT_CACHE),
+            lambda: ValidationCache(maxsize=DOCUMENT_CACHE),
         ],
     )
 

@@ -1,0 +1,142 @@
+"""./dev bench [--quick] [--only 1,2,...] [--out PATH]: every section, one table,
+written to bench/RESULTS.md with the machine and library versions."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from bench.common import FULL, QUICK, Row, Sizes, bench_settings, in_process_app, seed_feed, versions
+from bench.processes import cpu_count
+
+HERE = Path(__file__).resolve().parent
+SECTIONS = (1, 2, 3, 4, 5)
+
+
+async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[list[Row], str]:
+    from bench import execution
+    from store.counting import CountingTable
+
+    rows: list[Row] = []
+    async with in_process_app(bench_settings(tmp / "data"), wrap_table=CountingTable) as api:
+        family_id = await seed_feed(api)
+        if 1 in only:
+            rows += await execution.run(api.services, family_id, sizes.exec_rounds, sizes.exec_iterations)
+    return rows, family_id
+
+
+def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: bool = True) -> list[Row]:
+    from bench import fanout, http, round_trips, unlock
+
+    def say(text: str) -> None:
+        if log:
+            print(f"[bench {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+    rows: list[Row] = []
+    family_id = ""
+    if 1 in only or 2 in only:
+        say("seeding the feed; section 1 (execution)")
+        more, family_id = asyncio.run(_feed_sections(sizes, tmp, only))
+        rows += more
+    if 2 in only:
+        say("section 2 (HTTP)")
+        rows += http.run(tmp / "data", family_id, sizes, tmp)
+    if 3 in only:
+        say("section 3 (fan-out)")
+        rows += fanout.run(sizes, tmp)
+    if 4 in only:
+        say("section 4 (unlock)")
+        rows += asyncio.run(unlock.run(sizes, tmp))
+    if 5 in only:
+        say("section 5 (round trips)")
+        rows += asyncio.run(round_trips.run(sizes, tmp))
+    return rows
+
+
+HEADER = ("Section", "Measure", "Median", "Spread (min – max over rounds) / detail", "Target", "Met")
+
+
+def table(rows: Sequence[Row]) -> str:
+    def clean(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    last = None
+    for row in rows:
+        section = row.section if row.section != last else ""
+        last = row.section
+        cells = (section, row.measure, row.median, row.spread, row.target, row.met)
+        lines.append("| " + " | ".join(clean(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def machine(sizes: Sizes, mode: str, seconds: float) -> str:
+    wrk = shutil.which("wrk")
+    wrk_version = ""
+    if wrk:
+        done = subprocess.run([wrk, "--version"], capture_output=True, text=True)
+        wrk_version = (done.stdout or done.stderr).splitlines()[0] if (done.stdout or done.stderr) else ""
+    libs = ", ".join(f"{k} {v}" for k, v in versions().items())
+    cpu_model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return "\n".join(
+        [
+            f"- Run: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, mode `{mode}`, {seconds:.0f} s in all",
+            f"- Machine: {cpu_count()} CPUs ({cpu_model}), {platform.system()} {platform.release()}",
+            f"- Python {platform.python_version()} ({platform.python_implementation()})",
+            f"- Libraries: {libs}",
+            f"- Load generator: {wrk_version or 'wrk not found'}",
+            f"- Sizes: {sizes}",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./dev bench")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a first look")
+    parser.add_argument("--only", default="", help="comma-separated section numbers, e.g. 1,2")
+    parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    args = parser.parse_args(argv)
+    only = [int(s) for s in args.only.split(",") if s.strip()] or list(SECTIONS)
+    sizes = QUICK if args.quick else FULL
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mifamilias-bench-") as tmp:
+        rows = run_sections(sizes, Path(tmp), only)
+    rendered = table(rows)
+    print(rendered)
+    notes = HERE / "NOTES.md"
+    text = [
+        "# Benchmark results",
+        "",
+        "Written by `./dev bench` (bench/__main__.py); do not edit by hand: the analysis lives in",
+        "bench/NOTES.md and is copied below the table.",
+        "",
+        machine(sizes, "quick" if args.quick else "full", time.monotonic() - started),
+        "",
+        rendered,
+        "",
+    ]
+    if notes.exists():
+        text += [notes.read_text().strip(), ""]
+    args.out.write_text("\n".join(text))
+    print(f"\nwrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

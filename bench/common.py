@@ -1,0 +1,359 @@
+"""What every section shares: sizes, statistics, result rows, the in-process
+API client and the data the sections seed."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from resolvers.auth import mint_token
+from resolvers.config import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "bench-secret-" + "x" * 32
+
+FEED_QUERY = """query Feed($id: ID!) { family(id: $id) { feed(first: 20) { edges { node {
+  id author { givenName } reactions { emoji count } viewerReactions commentCount tags { value }
+  comments(first: 3) { edges { node { body author { givenName } } } } } } } } }"""
+ME_QUERY = "{ me { id } }"
+VIEWER = "ben"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    exec_rounds: int = 7
+    exec_iterations: int = 60
+    http_rounds: int = 5
+    http_seconds: float = 5.0
+    http_connections: int = 16
+    fanout_clients: int = 1000
+    fanout_processes: int = 4
+    fanout_rounds: int = 5
+    unlock_capsules: int = 10_000
+    unlock_rounds: int = 3
+    moto_capsules: int = 200
+    round_trip_latency: float = 0.01
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    exec_rounds=3,
+    exec_iterations=15,
+    http_rounds=2,
+    http_seconds=1.5,
+    http_connections=8,
+    fanout_clients=100,
+    fanout_processes=2,
+    fanout_rounds=2,
+    unlock_capsules=500,
+    unlock_rounds=2,
+    moto_capsules=30,
+    round_trip_latency=0.005,
+)
+TINY = Sizes(
+    exec_rounds=1,
+    exec_iterations=2,
+    http_rounds=1,
+    http_seconds=0.5,
+    http_connections=2,
+    fanout_clients=2,
+    fanout_processes=1,
+    fanout_rounds=1,
+    unlock_capsules=20,
+    unlock_rounds=1,
+    moto_capsules=6,
+    round_trip_latency=0.001,
+)
+
+
+@dataclass
+class Row:
+    section: str
+    measure: str
+    median: str
+    spread: str = ""
+    ratio: str = ""
+    target: str = ""
+    met: str = ""
+
+
+def verdict(ok: bool | None) -> str:
+    if ok is None:
+        return ""
+    return "yes" if ok else "**no**"
+
+
+@dataclass(frozen=True)
+class Stats:
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Stats:
+        values = sorted(samples)
+        if not values:
+            return cls(float("nan"), float("nan"), float("nan"), 0)
+        return cls(statistics.median(values), values[0], values[-1], len(values))
+
+    def fmt(self, unit: str = "", digits: int = 1, scale: float = 1.0) -> tuple[str, str]:
+        def f(v: float) -> str:
+            return f"{v * scale:,.{digits}f}{unit}"
+
+        return f(self.median), f"{f(self.low)} – {f(self.high)} (n={self.n})"
+
+
+def ratio_stats(numerators: Sequence[float], denominators: Sequence[float]) -> Stats:
+    """Ratios paired by round (both measured in the same round)."""
+    return Stats.of([a / b for a, b in zip(numerators, denominators, strict=True) if b])
+
+
+def token(user_id: str, **claims: Any) -> str:
+    claims.setdefault("given_name", user_id.capitalize())
+    claims.setdefault("email", f"{user_id}@example.org")
+    return mint_token(SECRET, user_id, ttl_seconds=7 * 24 * 3600, **claims)
+
+
+def bench_settings(data_dir: Path, **changes: Any) -> Settings:
+    values: dict[str, Any] = {"data_dir": data_dir, "auth_secret": SECRET, "unlock_poll_seconds": 3600}
+    values.update(changes)
+    return Settings(**values)
+
+
+def server_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "MIFAMILIAS_HOST": "127.0.0.1",
+        "MIFAMILIAS_DATA_DIR": str(data_dir),
+        "MIFAMILIAS_AUTH_SECRET": SECRET,
+        "MIFAMILIAS_UNLOCK_POLL_SECONDS": "3600",
+        "PYTHONPATH": str(ROOT),
+    }
+    for name in ("MIFAMILIAS_REDIS_URL", "MIFAMILIAS_DYNAMODB_ENDPOINT", "MIFAMILIAS_AWS_REGION"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+class InProcessApi:
+    """The app driven over httpx's ASGI transport, as tests/api/conftest.py does."""
+
+    def __init__(self, app: Any, client: httpx.AsyncClient) -> None:
+        self.app = app
+        self.client = client
+
+    @property
+    def services(self) -> Any:
+        return self.app.state.services
+
+    async def post(self, query: str, variables: dict[str, Any] | None = None, *, as_: str) -> dict[str, Any]:
+        response = await self.client.post(
+            "/graphql",
+            json={"query": query, "variables": variables or {}},
+            headers={"Authorization": f"Bearer {token(as_)}"},
+        )
+        body: dict[str, Any] = response.json()
+        return body
+
+    async def ok(self, query: str, variables: dict[str, Any] | None = None, *, as_: str) -> Any:
+        body = await self.post(query, variables, as_=as_)
+        if body.get("errors"):
+            raise RuntimeError(f"{query[:60]}...: {body['errors']}")
+        return body["data"]
+
+
+@contextlib.asynccontextmanager
+async def in_process_app(
+    settings: Settings, *, clock: Callable[[], datetime] | None = None, wrap_table: Any = None
+) -> AsyncIterator[InProcessApi]:
+    from app import create_app
+    from resolvers.context import utc_now
+
+    app = create_app(settings, clock=clock or utc_now, wrap_table=wrap_table)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            yield InProcessApi(app, client)
+
+
+# Seeding through the API ------------------------------------------------------------
+
+CREATE_FAMILY = """mutation($input: CreateFamilyInput!) {
+  createFamily(input: $input) { id inviteCode } }"""
+JOIN = "mutation($code: String!) { joinFamily(inviteCode: $code) { role } }"
+CREATE_UPLOAD = """mutation($input: CreateUploadInput!) {
+  createUpload(input: $input) { uploadUrl content { id } } }"""
+COMPLETE = "mutation($id: ID!) { completeUpload(contentId: $id) { id status } }"
+REACT = "mutation($id: ID!, $e: String!) { addReaction(contentId: $id, emoji: $e) { id } }"
+COMMENT = "mutation($id: ID!, $b: String!) { addComment(contentId: $id, body: $b) { id } }"
+SET_TAGS = """mutation($id: ID!, $v: [String!]!, $s: String, $p: Boolean) {
+  setTags(contentId: $id, values: $v, setName: $s, private: $p) { value } }"""
+
+
+async def make_family(
+    api: InProcessApi, admin: str, name: str, trust: str = "OPEN", threshold: int = 2
+) -> dict[str, str]:
+    variables = {"input": {"name": name, "trustLevel": trust, "vouchThreshold": threshold}}
+    family: dict[str, str] = (await api.ok(CREATE_FAMILY, variables, as_=admin))["createFamily"]
+    return family
+
+
+async def upload_text(
+    api: InProcessApi,
+    user: str,
+    family_id: str,
+    body: bytes,
+    title: str | None = None,
+    *,
+    kind: str = "TEXT",
+    mime: str = "text/plain",
+    capsule_id: str | None = None,
+) -> str:
+    variables = {
+        "input": {
+            "familyId": family_id,
+            "type": kind,
+            "mimeType": mime,
+            "sizeBytes": len(body),
+            "title": title,
+            "capsuleId": capsule_id,
+        }
+    }
+    started = (await api.ok(CREATE_UPLOAD, variables, as_=user))["createUpload"]
+    url = str(started["uploadUrl"])
+    path = url[url.index("/", len("http://")) :]
+    response = await api.client.put(path, content=body, headers={"Content-Type": mime})
+    if response.status_code != 200:
+        raise RuntimeError(f"upload PUT answered {response.status_code}")
+    content_id = str(started["content"]["id"])
+    await api.ok(COMPLETE, {"id": content_id}, as_=user)
+    return content_id
+
+
+async def settle(api: InProcessApi) -> None:
+    await api.services.extras["pipeline"].idle()
+
+
+FEED_AUTHORS = ["ana", "ben", "cy", "dee", "eve"]
+EMOJI = ["❤️", "😂", "👍", "🎉"]
+
+
+async def seed_feed(api: InProcessApi, contents: int = 20) -> str:
+    """A family of five with `contents` READY posts, each with reactions,
+    comments and tags; returns the family id."""
+    family = await make_family(api, "ana", "Los García")
+    for user in FEED_AUTHORS[1:]:
+        await api.ok(JOIN, {"code": family["inviteCode"]}, as_=user)
+    ids = []
+    for n in range(contents):
+        author = FEED_AUTHORS[n % 5]
+        ids.append(await upload_text(api, author, family["id"], f"hola {n}".encode(), title=f"post {n}"))
+    await settle(api)
+    for n, content_id in enumerate(ids):
+        for k in range(1 + n % 3):
+            await api.ok(REACT, {"id": content_id, "e": EMOJI[(n + k) % 4]}, as_=FEED_AUTHORS[(n + k) % 5])
+        for k in range(n % 5):
+            await api.ok(COMMENT, {"id": content_id, "b": f"comment {k} on {n}"}, as_=FEED_AUTHORS[k])
+        await api.ok(
+            SET_TAGS,
+            {"id": content_id, "v": ["abuela", f"verano {n % 4}"], "s": "album"},
+            as_=FEED_AUTHORS[n % 5],
+        )
+    return family["id"]
+
+
+# Seeding straight into the store (as tests/test_unlocks.py does) ---------------------
+
+
+def family_rows(family_id: str, creator: str, people: Sequence[str]) -> list[dict[str, Any]]:
+    from store import items
+
+    now = items.iso(datetime.now(UTC))
+    rows = [items.Family(family_id, "Bench", creator, "OPEN", 2, f"CODE{family_id[:6]}", now).to_item()]
+    for person in [creator, *people]:
+        role = "ADMIN" if person == creator else "MEMBER"
+        rows.append(items.Membership(family_id, person, role, now).to_item())
+        rows.append(items.UserFamily(person, family_id, now).to_item())
+        rows.append(items.User(person, now, given_name=person).to_item())
+    return rows
+
+
+def capsule_rows(
+    family_id: str, creator: str, recipients: Sequence[str], unlock: datetime, shards: int, tag: str = ""
+) -> tuple[str, list[dict[str, Any]]]:
+    """One LOCKED capsule wrapping READY content, due at `unlock`."""
+    from store import items
+
+    now = items.iso(datetime.now(UTC))
+    when = items.iso(unlock)
+    capsule_id = f"cap{tag}{uuid.uuid4().hex[:10]}"
+    content_id = f"con{tag}{uuid.uuid4().hex[:10]}"
+    rows = [
+        items.Content(
+            id=content_id,
+            family_id=family_id,
+            author_id=creator,
+            type="TEXT",
+            status="READY",
+            mime_type="text/plain",
+            size_bytes=4,
+            created_at=now,
+            capsule_id=capsule_id,
+            in_feed=False,
+            ready_at=now,
+            media_key=f"content/{content_id}/original",
+        ).to_item(),
+        items.Capsule(
+            id=capsule_id,
+            family_id=family_id,
+            creator_id=creator,
+            title="bench",
+            unlock_date=when,
+            status="LOCKED",
+            created_at=now,
+            recipient_ids=tuple(recipients),
+            content_id=content_id,
+        ).to_item(shards),
+    ]
+    for person in recipients:
+        rows.append(items.Recipient(capsule_id, person, when, family_id, visible=True).to_item())
+    return capsule_id, rows
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in (
+        "strawberry-graphql",
+        "graphql-core",
+        "starlette",
+        "uvicorn",
+        "uvloop",
+        "httptools",
+        "websockets",
+        "aiodataloader",
+        "orjson",
+        "moto",
+        "aioboto3",
+    ):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = "-"
+    return found
+
+
+def now() -> float:
+    return time.perf_counter()

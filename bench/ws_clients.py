@@ -1,0 +1,77 @@
+"""A client process for the fan-out section: holds many graphql-transport-ws
+subscriptions with raw `websockets`, stamps every event it receives.
+
+    python -m bench.ws_clients URL < tokens (one a line)
+
+Prints "READY <n>" once every subscription is sent; on "STOP" (stdin) prints
+one JSON line: [[time.time(), capsule id], ...] and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+import websockets
+
+SUBSCRIPTION = "subscription { capsuleUnlocked { capsule { id status } unlockedAt } }"
+
+
+async def client(
+    url: str, token: str, received: list[tuple[float, str]], ready: asyncio.Event, limit: asyncio.Semaphore
+) -> None:
+    async with limit:  # a few handshakes at a time
+        ws = await websockets.connect(
+            url, subprotocols=["graphql-transport-ws"], open_timeout=120, ping_interval=None, max_queue=None
+        )
+        await ws.send(
+            json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}})
+        )
+        while True:
+            message = json.loads(await ws.recv())
+            if message["type"] == "connection_ack":
+                break
+            if message["type"] not in ("ping", "pong"):
+                raise RuntimeError(f"refused: {message}")
+        await ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": {"query": SUBSCRIPTION}}))
+    ready.set()
+    async with ws:
+        async for raw in ws:
+            stamp = time.time()
+            message = json.loads(raw)
+            if message["type"] == "next":
+                received.append((stamp, message["payload"]["data"]["capsuleUnlocked"]["capsule"]["id"]))
+            elif message["type"] == "ping":
+                await ws.send('{"type":"pong"}')
+            elif message["type"] in ("error", "complete"):
+                raise RuntimeError(f"subscription ended: {message}")
+
+
+async def main() -> None:
+    url = sys.argv[1]
+    tokens = [t for t in sys.stdin.readline().strip().split(",") if t]
+    received: list[tuple[float, str]] = []
+    limit = asyncio.Semaphore(20)
+    events = [asyncio.Event() for _ in tokens]
+    tasks = [
+        asyncio.create_task(client(url, t, received, e, limit)) for t, e in zip(tokens, events, strict=True)
+    ]
+    everyone = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in events)))
+    await asyncio.wait([everyone, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    failed = [repr(t.exception()) for t in tasks if t.done() and not t.cancelled() and t.exception()]
+    print(f"READY {len(tokens)} {len(failed)} {'; '.join(failed[:3])}", flush=True)
+    loop = asyncio.get_running_loop()
+    while True:
+        line = await loop.run_in_executor(None, sys.stdin.readline)
+        if not line or line.strip() == "STOP":
+            break
+    failed = [repr(t.exception()) for t in tasks if t.done() and not t.cancelled() and t.exception()]
+    print(json.dumps({"received": received, "failed": failed[:5], "failures": len(failed)}), flush=True)
+    for task in tasks:
+        task.cancel()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

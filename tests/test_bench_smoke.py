@@ -1,0 +1,38 @@
+"""The benchmark runs end to end on tiny sizes and reports every section's rows.
+No timing is asserted: the benchmark is not a test."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import run_sections, table
+from bench.common import TINY
+
+
+def test_every_section_reports_its_rows(tmp_path: Path) -> None:
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed (./dev bench installs it)")
+    rows = run_sections(TINY, tmp_path, log=False)
+    rendered = table(rows)
+    sections = {row.section for row in rows}
+    assert {s.split(".")[0] for s in sections} == {"1", "2", "3", "4", "5"}
+    measures = [row.measure for row in rows]
+    for expected in (
+        "Strawberry / graphql-core",
+        "Strawberry / floor",
+        "`me` GraphQL / plain (req/s)",
+        "`feed` GraphQL / plain (req/s)",
+        "ours / bare (medians)",
+        "server RSS per idle subscription, deflate off (2 clients)",
+        "server RSS per idle subscription, deflate on (2 clients)",
+        "query `me`",
+        "mutation `setTags`",
+    ):
+        assert expected in measures, expected
+    assert any(m.startswith("embedded store:") for m in measures)
+    assert any(m.startswith("DynamoDB (moto_server)") for m in measures)
+    assert not [row for row in rows if row.median == "not measured"]
+    assert rendered.count("\n") == len(rows) + 1
