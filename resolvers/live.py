@@ -8,7 +8,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from resolvers import capsules
 from resolvers import content as content_resolvers
@@ -56,6 +56,13 @@ async def content_status(ctx: Context, content_id: str) -> AsyncIterator[Content
                 yield replace(content, status=status)
 
 
+@dataclass(frozen=True)
+class UnlockedReads:
+    capsule: Item
+    content: Item | None
+    members: dict[str, Item]  # membership items by user id
+
+
 class EventReads:
     """One store read per event, shared by every subscriber it wakes in this
     process: an unlock wakes all its recipients at once, and each would
@@ -65,20 +72,19 @@ class EventReads:
     TTL_SECONDS = 10.0
 
     def __init__(self) -> None:
-        self._reads: dict[tuple[str, ...], tuple[float, asyncio.Future[list[Item | None]]]] = {}
+        self._reads: dict[tuple[str, ...], tuple[float, asyncio.Future[UnlockedReads | None]]] = {}
 
     async def read(
-        self, key: tuple[str, ...], load: Callable[[], Awaitable[list[Item | None]]]
-    ) -> list[Item | None]:
+        self, key: tuple[str, ...], load: Callable[[], Awaitable[UnlockedReads | None]]
+    ) -> UnlockedReads | None:
         now = time.monotonic()
         if len(self._reads) > 1000:
             self._reads = {k: v for k, v in self._reads.items() if v[0] > now}
         cached = self._reads.get(key)
-        if cached is not None and cached[0] > now:
-            return await asyncio.shield(cached[1])
-        future: asyncio.Future[list[Item | None]] = asyncio.ensure_future(load())
-        self._reads[key] = (now + self.TTL_SECONDS, future)
-        return await asyncio.shield(future)
+        if cached is None or cached[0] <= now:
+            cached = (now + self.TTL_SECONDS, asyncio.ensure_future(load()))
+            self._reads[key] = cached
+        return await asyncio.shield(cached[1])
 
 
 def _event_reads(ctx: Context) -> EventReads:
@@ -90,31 +96,33 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
     capsule_id, unlocked_at = str(event["capsuleId"]), str(event["unlockedAt"])
     if "#" in capsule_id:
         return None
-    capsule_key = keys.capsule(capsule_id)
 
-    async def load() -> list[Item | None]:
-        first = await ctx.table.get(capsule_key)
-        if first is None:
-            return [None]
-        wanted = [keys.content(first["contentId"])] if first.get("contentId") else []
+    async def load() -> UnlockedReads | None:
+        capsule = await ctx.table.get(keys.capsule(capsule_id))
+        if capsule is None:
+            return None
         members = await ctx.table.query(
-            keys.family_pk(first["familyId"]), SortKey.begins_with(keys.MEMBER_PREFIX)
+            keys.family_pk(capsule["familyId"]), SortKey.begins_with(keys.MEMBER_PREFIX)
         )
-        found = await ctx.table.batch_get(wanted) if wanted else {}
-        return [first, *found.values(), *members.items]
+        content = (
+            await ctx.table.get(keys.content(capsule["contentId"])) if capsule.get("contentId") else None
+        )
+        return UnlockedReads(capsule, content, {item["userId"]: item for item in members.items})
 
     shared = await _event_reads(ctx).read(("capsule", capsule_id, unlocked_at), load)
-    if shared[0] is None:
+    if shared is None:
         return None
-    capsule = Capsule.from_item(shared[0])
-    readers = {
-        i["userId"] for i in shared[1:] if i and i.get("type") == "Membership" and i["role"] in READERS
-    }
-    if not capsules.can_see(capsule, viewer) or (viewer != capsule.creator_id and viewer not in readers):
+    capsule = Capsule.from_item(shared.capsule)
+    mine = shared.members.get(viewer)
+    if not capsules.can_see(capsule, viewer):
         return None
-    for item in shared:
+    if viewer != capsule.creator_id and (mine is None or mine["role"] not in READERS):
+        return None
+    # The payload's fields read what was shared: the capsule, its content, and
+    # this subscriber's own membership.
+    for item in (shared.capsule, shared.content, mine):
         if item is not None:
-            ctx.loaders.remember(item)  # the payload's fields read what was shared
+            ctx.loaders.remember(item)
     return capsule
 
 
