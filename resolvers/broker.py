@@ -21,8 +21,10 @@ Event = dict[str, Any]
 QUEUE_LIMIT = 1000
 
 
-def user_channel(user_id: str) -> str:
-    return f"user:{user_id}"
+def user_channel(user_id: str, topic: str) -> str:
+    """One channel per person and kind of event ("capsules", "notifications"), so
+    a subscriber wakes only for the events it streams."""
+    return f"user:{user_id}:{topic}"
 
 
 def content_channel(content_id: str) -> str:

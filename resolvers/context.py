@@ -72,24 +72,22 @@ class Context:
     auth_error: ApiError | None = None
     connection_params: dict[str, Any] | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    loaders: Loaders = field(init=False)
+    _loaders: Loaders | None = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
-        self.loaders = Loaders(self.services.table)
+    @property
+    def loaders(self) -> Loaders:
+        # Made on first use: an idle subscription holds none.
+        if self._loaders is None:
+            self._loaders = Loaders(self.services.table)
+        return self._loaders
+
+    def forget_loaders(self) -> None:
+        """A new operation, or a new subscription event, starts with an empty cache."""
+        self._loaders = None
 
     @property
     def table(self) -> Table:
         return self.services.table
-
-    def fresh(self) -> Context:
-        """The same viewer with empty loaders: one per subscription event."""
-        return Context(
-            services=self.services,
-            request=self.request,
-            claims=self.claims,
-            auth_error=self.auth_error,
-            connection_params=self.connection_params,
-        )
 
     async def authenticate(self, authorization: str | None) -> None:
         try:

@@ -16,7 +16,6 @@ from resolvers.broker import Broker, content_channel, user_channel
 from resolvers.context import Context
 from resolvers.errors import NotFound
 from resolvers.families import READERS
-from resolvers.loaders import Loaders
 from store import keys
 from store.items import Capsule, Content, Notification
 from store.port import Item, SortKey
@@ -31,7 +30,7 @@ def _broker(ctx: Context) -> Broker:
 
 def _refresh(ctx: Context) -> None:
     # The connection's context outlives one event; its cache must not.
-    ctx.loaders = Loaders(ctx.table)
+    ctx.forget_loaders()
 
 
 async def content_status(ctx: Context, content_id: str) -> AsyncIterator[Content]:
@@ -128,7 +127,7 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
 
 async def capsules_unlocked(ctx: Context) -> AsyncIterator[tuple[Capsule, str]]:
     viewer = await ctx.viewer_id()
-    async with _broker(ctx).subscribe(user_channel(viewer)) as events:
+    async with _broker(ctx).subscribe(user_channel(viewer, "capsules")) as events:
         async for event in events:
             if event.get("kind") != "capsule":
                 continue
@@ -145,7 +144,7 @@ async def capsules_unlocked(ctx: Context) -> AsyncIterator[tuple[Capsule, str]]:
 
 async def notifications_added(ctx: Context) -> AsyncIterator[Notification]:
     viewer = await ctx.viewer_id()
-    async with _broker(ctx).subscribe(user_channel(viewer)) as events:
+    async with _broker(ctx).subscribe(user_channel(viewer, "notifications")) as events:
         async for event in events:
             if event.get("kind") != "notification" or event.get("userId") != viewer:
                 continue

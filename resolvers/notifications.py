@@ -34,7 +34,7 @@ async def announce(broker: Broker | None, notes: Sequence[Notification]) -> None
         return
     for note in notes:
         await broker.publish(
-            user_channel(note.user_id),
+            user_channel(note.user_id, "notifications"),
             {"kind": "notification", "userId": note.user_id, "createdAt": note.created_at, "id": note.id},
         )
 

@@ -258,7 +258,8 @@ class UnlockScheduler:
             return
         for user in people:
             await broker.publish(
-                user_channel(user), {"kind": "capsule", "capsuleId": capsule.id, "unlockedAt": unlocked_at}
+                user_channel(user, "capsules"),
+                {"kind": "capsule", "capsuleId": capsule.id, "unlockedAt": unlocked_at},
             )
         await announce(broker, notes)
 

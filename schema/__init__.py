@@ -17,7 +17,6 @@ from strawberry.extensions import (
 )
 
 from resolvers.context import Context
-from resolvers.loaders import Loaders
 from schema.errors import ContractErrors
 from schema.mutation import Mutation
 from schema.query import Query
@@ -39,7 +38,7 @@ class FreshLoaders(SchemaExtension):
     def on_operation(self) -> Iterator[None]:
         context = self.execution_context.context
         if isinstance(context, Context):
-            context.loaders = Loaders(context.table)
+            context.forget_loaders()
         yield
 
 
