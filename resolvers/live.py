@@ -18,7 +18,7 @@ from resolvers.errors import NotFound
 from resolvers.families import READERS
 from store import keys
 from store.items import Capsule, Content, Notification
-from store.port import Item, SortKey
+from store.port import Item
 
 log = logging.getLogger("mifamilias.live")
 
@@ -100,13 +100,14 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
         capsule = await ctx.table.get(keys.capsule(capsule_id))
         if capsule is None:
             return None
-        members = await ctx.table.query(
-            keys.family_pk(capsule["familyId"]), SortKey.begins_with(keys.MEMBER_PREFIX)
-        )
-        content = (
-            await ctx.table.get(keys.content(capsule["contentId"])) if capsule.get("contentId") else None
-        )
-        return UnlockedReads(capsule, content, {item["userId"]: item for item in members.items})
+        # Only the people this event can wake: the recipients and the creator.
+        people = {*capsule.get("recipientIds", ()), capsule["creatorId"]}
+        wanted = [keys.member(capsule["familyId"], person) for person in people]
+        if capsule.get("contentId"):
+            wanted.append(keys.content(capsule["contentId"]))
+        found = await ctx.table.batch_get(wanted)
+        content = found.pop(keys.content(capsule["contentId"]), None) if capsule.get("contentId") else None
+        return UnlockedReads(capsule, content, {item["userId"]: item for item in found.values()})
 
     shared = await _event_reads(ctx).read(("capsule", capsule_id, unlocked_at), load)
     if shared is None:

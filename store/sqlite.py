@@ -9,11 +9,12 @@ its write made with no other writer in between, across processes too.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from store.expressions import apply_update, cursor_for, decode_cursor, matches
 from store.port import (
@@ -96,7 +97,7 @@ class SqliteTable:
 
     def _read(self, key: Key) -> Item | None:
         row = self._db.execute("SELECT body FROM items WHERE pk = ? AND sk = ?", key).fetchone()
-        return None if row is None else dict(json.loads(row[0]))
+        return None if row is None else orjson.loads(row[0])
 
     async def get(self, key: Key) -> Item | None:
         return self._read(key)
@@ -113,7 +114,7 @@ class SqliteTable:
                 f"SELECT pk, sk, body FROM items WHERE (pk, sk) IN (VALUES {placeholders})", params
             ).fetchall()
             for pk, sk, body in rows:
-                found[(pk, sk)] = dict(json.loads(body))
+                found[(pk, sk)] = orjson.loads(body)
         return found
 
     async def query(
@@ -161,7 +162,7 @@ class SqliteTable:
             sql += " LIMIT ?"
             params.append(limit + 1)
         rows = self._db.execute(sql, params).fetchall()
-        items = [dict(json.loads(row[0])) for row in rows]
+        items = [orjson.loads(row[0]) for row in rows]
         next_cursor = None
         if limit is not None and len(items) > limit:
             items = items[:limit]
@@ -180,7 +181,7 @@ class SqliteTable:
         self._db.execute(
             "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, gsi2pk, gsi2sk, body) "
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (item["PK"], item["SK"], *g1, *g2, json.dumps(item, ensure_ascii=False)),
+            (item["PK"], item["SK"], *g1, *g2, orjson.dumps(item).decode()),
         )
 
     def _begin(self) -> None:
