@@ -7,10 +7,9 @@ import contextlib
 import os
 import statistics
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -271,64 +270,6 @@ async def seed_feed(api: InProcessApi, contents: int = 20) -> str:
             as_=FEED_AUTHORS[n % 5],
         )
     return family["id"]
-
-
-# Seeding straight into the store (as tests/test_unlocks.py does) ---------------------
-
-
-def family_rows(family_id: str, creator: str, people: Sequence[str]) -> list[dict[str, Any]]:
-    from store import items
-
-    now = items.iso(datetime.now(UTC))
-    rows = [items.Family(family_id, "Bench", creator, "OPEN", 2, f"CODE{family_id[:6]}", now).to_item()]
-    for person in [creator, *people]:
-        role = "ADMIN" if person == creator else "MEMBER"
-        rows.append(items.Membership(family_id, person, role, now).to_item())
-        rows.append(items.UserFamily(person, family_id, now).to_item())
-        rows.append(items.User(person, now, given_name=person).to_item())
-    return rows
-
-
-def capsule_rows(
-    family_id: str, creator: str, recipients: Sequence[str], unlock: datetime, shards: int, tag: str = ""
-) -> tuple[str, list[dict[str, Any]]]:
-    """One LOCKED capsule wrapping READY content, due at `unlock`."""
-    from store import items
-
-    now = items.iso(datetime.now(UTC))
-    when = items.iso(unlock)
-    capsule_id = f"cap{tag}{uuid.uuid4().hex[:10]}"
-    content_id = f"con{tag}{uuid.uuid4().hex[:10]}"
-    rows = [
-        items.Content(
-            id=content_id,
-            family_id=family_id,
-            author_id=creator,
-            type="TEXT",
-            status="READY",
-            mime_type="text/plain",
-            size_bytes=4,
-            created_at=now,
-            capsule_id=capsule_id,
-            in_feed=False,
-            ready_at=now,
-            media_key=f"content/{content_id}/original",
-        ).to_item(),
-        items.Capsule(
-            id=capsule_id,
-            family_id=family_id,
-            creator_id=creator,
-            title="bench",
-            unlock_date=when,
-            status="LOCKED",
-            created_at=now,
-            recipient_ids=tuple(recipients),
-            content_id=content_id,
-        ).to_item(shards),
-    ]
-    for person in recipients:
-        rows.append(items.Recipient(capsule_id, person, when, family_id, visible=True).to_item())
-    return capsule_id, rows
 
 
 def versions() -> dict[str, str]:

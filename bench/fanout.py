@@ -16,9 +16,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, Row, Sizes, Stats, capsule_rows, family_rows, server_env, token, verdict
+from bench.common import ROOT, Row, Sizes, Stats, server_env, token, verdict
 from bench.processes import LOAD_CPU, Server, bench_server, pinned
 from resolvers.capsules import MAX_RECIPIENTS
+from tests.factories import capsule_rows, family_rows
 
 SECTION = "3. Subscription fan-out"
 FAMILY = "fanoutfam"

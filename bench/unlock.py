@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import Row, Sizes, Stats, bench_settings, capsule_rows, family_rows, now, verdict
+from bench.common import Row, Sizes, Stats, bench_settings, now, verdict
 from resolvers.auth import TokenVerifier
 from resolvers.broker import InProcessBroker
 from resolvers.context import Services
@@ -22,6 +22,7 @@ from resolvers.scheduler import UnlockScheduler
 from store import keys
 from store.counting import CountingTable
 from store.port import Table
+from tests.factories import capsule_rows, family_rows
 
 SECTION = "4. Unlock throughput"
 SHARDS = 8

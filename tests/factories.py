@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
+
+from store import items
 
 CREATE_FAMILY = """
 mutation($input: CreateFamilyInput!) {
@@ -100,3 +105,61 @@ async def upload(
 async def settle(api: Any) -> None:
     """Waits until the media pipeline has nothing queued."""
     await api.services.extras["pipeline"].idle()
+
+
+# Straight into the store, for scale: a family and LOCKED capsules due at a moment,
+# as a day of use would leave them (tests of the scheduler, and bench/).
+
+
+def family_rows(family_id: str, creator: str, people: Sequence[str]) -> list[dict[str, Any]]:
+    now = items.iso(datetime.now(UTC))
+    rows = [
+        items.Family(family_id, "Many capsules", creator, "OPEN", 2, f"CODE{family_id[:6]}", now).to_item()
+    ]
+    for person in [creator, *people]:
+        role = "ADMIN" if person == creator else "MEMBER"
+        rows.append(items.Membership(family_id, person, role, now).to_item())
+        rows.append(items.UserFamily(person, family_id, now).to_item())
+        rows.append(items.User(person, now, given_name=person).to_item())
+    return rows
+
+
+def capsule_rows(
+    family_id: str, creator: str, recipients: Sequence[str], unlock: datetime, shards: int, tag: str = ""
+) -> tuple[str, list[dict[str, Any]]]:
+    """One LOCKED capsule wrapping READY content, due at `unlock`."""
+    now = items.iso(datetime.now(UTC))
+    when = items.iso(unlock)
+    capsule_id = f"cap{tag}{uuid.uuid4().hex[:10]}"
+    content_id = f"con{tag}{uuid.uuid4().hex[:10]}"
+    rows = [
+        items.Content(
+            id=content_id,
+            family_id=family_id,
+            author_id=creator,
+            type="TEXT",
+            status="READY",
+            mime_type="text/plain",
+            size_bytes=4,
+            created_at=now,
+            capsule_id=capsule_id,
+            in_feed=False,
+            ready_at=now,
+            media_key=f"content/{content_id}/original",
+        ).to_item(),
+        items.Capsule(
+            id=capsule_id,
+            family_id=family_id,
+            creator_id=creator,
+            title="capsule",
+            unlock_date=when,
+            status="LOCKED",
+            created_at=now,
+            recipient_ids=tuple(recipients),
+            content_id=content_id,
+        ).to_item(shards),
+    ]
+    rows += [
+        items.Recipient(capsule_id, person, when, family_id, visible=True).to_item() for person in recipients
+    ]
+    return capsule_id, rows

@@ -17,8 +17,8 @@ from gql import Client, GraphQLRequest
 from gql.transport.websockets import WebsocketsTransport
 
 from resolvers.auth import mint_token
-from store import items
 from store.dynamodb import DynamoTable, create_table, deserialize_item, open_dynamo_table
+from tests.factories import capsule_rows, family_rows
 from tests.servers import SECRET, ServerProcess, running_moto_server
 
 # moto answers a GSI query by reading every item, so fewer shards and a slower
@@ -29,64 +29,16 @@ SHARDS = 2
 def seed_capsules(
     count: int, unlock: datetime, family_id: str, creator: str, recipients: list[str]
 ) -> tuple[list[dict[str, Any]], dict[str, set[str]]]:
-    """LOCKED capsules wrapping READY content, due at `unlock`, as a day of use
-    would leave them; and which capsules each person must hear about."""
-    now = items.iso(datetime.now(UTC))
-    when = items.iso(unlock)
+    """`count` LOCKED capsules, two recipients each; and which capsules each person must hear about."""
     rows: list[dict[str, Any]] = []
-    expected: dict[str, set[str]] = {person: set() for person in [creator, *recipients]}
+    expected: dict[str, set[str]] = {person: {*()} for person in [creator, *recipients]}
     for n in range(count):
-        capsule_id = f"cap{n:04d}{uuid.uuid4().hex[:6]}"
-        content_id = f"con{n:04d}{uuid.uuid4().hex[:6]}"
         chosen = (recipients[n % len(recipients)], recipients[(n + 1) % len(recipients)])
-        rows.append(
-            items.Content(
-                id=content_id,
-                family_id=family_id,
-                author_id=creator,
-                type="TEXT",
-                status="READY",
-                mime_type="text/plain",
-                size_bytes=4,
-                created_at=now,
-                capsule_id=capsule_id,
-                in_feed=False,
-                ready_at=now,
-                media_key=f"content/{content_id}/original",
-            ).to_item()
-        )
-        rows.append(
-            items.Capsule(
-                id=capsule_id,
-                family_id=family_id,
-                creator_id=creator,
-                title=f"capsule {n}",
-                unlock_date=when,
-                status="LOCKED",
-                created_at=now,
-                recipient_ids=chosen,
-                content_id=content_id,
-            ).to_item(SHARDS)
-        )
-        for person in chosen:
-            rows.append(items.Recipient(capsule_id, person, when, family_id, visible=True).to_item())
+        capsule_id, more = capsule_rows(family_id, creator, chosen, unlock, SHARDS, tag=f"{n:04d}")
+        rows += more
+        for person in (*chosen, creator):
             expected[person].add(capsule_id)
-        expected[creator].add(capsule_id)
     return rows, expected
-
-
-def family_rows(family_id: str, creator: str, recipients: list[str]) -> list[dict[str, Any]]:
-    now = items.iso(datetime.now(UTC))
-    rows = [
-        items.Family(family_id, "Many capsules", creator, "OPEN", 2, f"CODE{family_id[:6]}", now).to_item()
-    ]
-    for person in [creator, *recipients]:
-        rows.append(
-            items.Membership(family_id, person, "ADMIN" if person == creator else "MEMBER", now).to_item()
-        )
-        rows.append(items.UserFamily(person, family_id, now).to_item())
-        rows.append(items.User(person, now, given_name=person).to_item())
-    return rows
 
 
 async def scan(table: DynamoTable) -> list[dict[str, Any]]:
