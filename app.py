@@ -13,7 +13,7 @@ import gc
 import logging
 import sys
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -35,6 +35,7 @@ from resolvers.config import Settings
 from resolvers.context import Context, Services, utc_now
 from resolvers.cursors import CursorSigner
 from resolvers.media_http import media_routes
+from resolvers.runtime import start_background
 from schema.graphiql import STATIC_DIR
 from store.blobs import LocalBlobStore
 from store.port import Table
@@ -100,7 +101,6 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
 class AppState:
     settings: Settings
     services: Services | None = None
-    on_start: list[Callable[[Services], Any]] = field(default_factory=list)
 
 
 async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> Table:
@@ -150,8 +150,6 @@ def create_app(
                 settings=settings, table=store, verifier=verifier, cursors=CursorSigner(secret), clock=clock
             )
             app.state.services = state.services
-            from resolvers.runtime import start_background
-
             await start_background(state.services, stack, local_blobs)
             # What exists now lives as long as the process: keep the collector
             # from walking it again on every full collection.
