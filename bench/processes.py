@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
-import time
-import urllib.request
+from functools import partial
 from pathlib import Path
 
 from bench.common import ROOT
+from tests.servers import ServerProcess
 
 LOAD_CPU = "1"
 SERVER_CPU = "0"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def cpu_count() -> int:
@@ -38,35 +28,11 @@ def pinned(cpu: str, argv: list[str]) -> list[str]:
     return argv
 
 
-class Server:
+class Server(ServerProcess):
+    """A server process pinned to the server core, whose memory can be read."""
+
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> None:
-        self.name = name
-        self.port = free_port()
-        self.argv = argv
-        self.env = {**env, "MIFAMILIAS_PORT": str(self.port)}
-        self.log_path = log_dir / f"{name}-{self.port}.log"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 30) -> Server:
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            pinned(SERVER_CPU, self.argv), cwd=ROOT, env=self.env, stdout=log, stderr=log
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited early:\n{self.log_path.read_text()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
-                    if response.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError(f"{self.name} did not answer:\n{self.log_path.read_text()}")
+        super().__init__(log_dir, env, argv=argv, name=name, launcher=partial(pinned, SERVER_CPU))
 
     def rss_kb(self) -> int:
         assert self.process is not None
@@ -75,17 +41,9 @@ class Server:
                 return int(line.split()[1])
         raise RuntimeError("no VmRSS")
 
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
     def __enter__(self) -> Server:
-        return self.start()
+        self.start()
+        return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

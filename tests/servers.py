@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,9 +28,21 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, data_dir: Path, env: dict[str, str], port: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        env: dict[str, str],
+        port: int | None = None,
+        *,
+        argv: list[str] | None = None,
+        name: str = "server",
+        launcher: Callable[[list[str]], list[str]] = list,
+    ) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
+        self.name = name
+        self.argv = argv or [sys.executable, str(ROOT / "app.py"), "serve"]
+        self.launcher = launcher  # e.g. pinning to a core with taskset
         self.env = {
             **os.environ,
             "MIFAMILIAS_HOST": "127.0.0.1",
@@ -38,7 +50,7 @@ class ServerProcess:
             "MIFAMILIAS_DATA_DIR": str(data_dir),
             **env,
         }
-        self.log_path = data_dir / f"server-{self.port}.log"
+        self.log_path = data_dir / f"{name}-{self.port}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -53,19 +65,19 @@ class ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, str(ROOT / "app.py"), "serve"], cwd=ROOT, env=self.env, stdout=log, stderr=log
+            self.launcher(self.argv), cwd=ROOT, env=self.env, stdout=log, stderr=log
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited early:\n{self.log_path.read_text()}")
+                raise RuntimeError(f"{self.name} exited early:\n{self.log_path.read_text()}")
             try:
                 with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as response:
                     if response.status == 200:
                         return self
             except OSError:
                 time.sleep(0.1)
-        raise RuntimeError(f"server did not answer:\n{self.log_path.read_text()}")
+        raise RuntimeError(f"{self.name} did not answer:\n{self.log_path.read_text()}")
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
