@@ -264,7 +264,10 @@ async def test_feed_reactions_comments_paging_and_delete(api: Api) -> None:
 
     # ben wrote ids[0]; cy may not delete it, the ADMIN may.
     assert (await api.error(DELETE, {"id": target}, as_="cy"))[0] == "FORBIDDEN"
+    blobs = api.services.extras["blobs"]
+    assert await blobs.head(f"content/{target}/original") is not None
     assert (await api.ok(DELETE, {"id": target}, as_="ana"))["deleteContent"] is True
+    assert await blobs.head(f"content/{target}/original") is None
     assert (await api.error(CONTENT, {"id": target}, as_="ana"))[0] == "NOT_FOUND"
     left = [key for key in await api.snapshot() if key[0] == f"CONTENT#{target}"]
     assert left == []
