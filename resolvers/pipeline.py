@@ -31,6 +31,7 @@ from store.items import IN_PIPELINE, Content, Membership, Notification, iso
 from store.port import (
     Compare,
     ConditionFailed,
+    Item,
     NotExists,
     SortKey,
     Update,
@@ -137,12 +138,12 @@ class Pipeline:
     # One content ----------------------------------------------------------------
 
     async def process(self, content_id: str) -> None:
-        content = await self._claim(content_id)
-        if content is None:
+        claimed = await self._claim(content_id)
+        if claimed is None:
             return
         with tempfile.TemporaryDirectory(prefix="mifamilias-") as workdir:
             try:
-                await self._walk(content, Path(workdir))
+                await self._walk(Content.from_item(claimed), claimed, Path(workdir))
             except (media.MediaError, TranscriptionError) as error:
                 detail = getattr(error, "detail", None)
                 log.info("content %s failed: %s %s", content_id, error, detail or "")
@@ -151,7 +152,7 @@ class Pipeline:
                 log.exception("pipeline: content %s failed unexpectedly", content_id)
                 await self._fail(content_id, "processing failed unexpectedly; retry later")
 
-    async def _claim(self, content_id: str) -> Content | None:
+    async def _claim(self, content_id: str) -> Item | None:
         now = self.services.now()
         try:
             item = await self.table.update(
@@ -174,7 +175,7 @@ class Pipeline:
             )
         except ConditionFailed:
             return None  # done, gone, or another process holds the lease
-        return Content.from_item(item)
+        return item
 
     async def _move(self, content: Content, to: str, **changes: Any) -> Content:
         at = iso(self.services.now())
@@ -185,7 +186,9 @@ class Pipeline:
         await publish_status(self.broker, moved)
         return moved
 
-    async def _walk(self, content: Content, workdir: Path) -> None:
+    async def _walk(self, content: Content, claimed: Item, workdir: Path) -> None:
+        """Runs the steps left from the claimed status on; a resumed walk takes
+        what earlier steps recorded from the claimed item."""
         source = workdir / "original"
         outputs: Outputs | None = None
         if content.status == "PROCESSING":
@@ -205,9 +208,8 @@ class Pipeline:
                 mediaFormat=outputs.media_format,
             )
         if content.status == "TRANSCRIBING":
-            item = await self.table.get(content.key)
-            has_audio = bool(item and item.get("hasAudio"))
-            media_format = item.get("mediaFormat") if item else None
+            has_audio = outputs.has_audio if outputs else bool(claimed.get("hasAudio"))
+            media_format = outputs.media_format if outputs else claimed.get("mediaFormat")
             transcription = await self._transcribe(content, has_audio, media_format)
             ready_at = iso(self.services.now())
             content = await self._move(content, "READY", transcription=transcription, readyAt=ready_at)
@@ -254,12 +256,12 @@ class Pipeline:
         if self.transcriber is None:
             log.info("content %s is READY without a transcription: no transcriber is configured", content.id)
             return None
-        item = await self.table.get(content.key)
-        media_key = item.get("mediaKey") if item else None
-        if not media_key:
+        if not content.media_key:
             return None
         return await self.transcriber.transcribe(
-            bucket_key=media_key, media_format=str(media_format or "mp4"), job_name=f"mifamilias-{content.id}"
+            bucket_key=content.media_key,
+            media_format=str(media_format or "mp4"),
+            job_name=f"mifamilias-{content.id}",
         )
 
     async def _fail(self, content_id: str, reason: str) -> None:
