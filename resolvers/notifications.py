@@ -4,24 +4,20 @@ announced on the addressee's channel once it is written."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from resolvers.broker import Broker, user_channel
 from resolvers.context import Context
 from resolvers.pagination import ItemPage, filtered_page
 from store import keys
-from store.items import Family, Membership, Notification
-from store.port import ConditionFailed, Item, NotExists, Put, SortKey, Table, Update, eq
+from store.items import Content, Family, Membership, Notification
+from store.port import ConditionFailed, Item, NotExists, SortKey, Table, Update, eq
 
 
 def notification_id(*parts: str) -> str:
     """Deterministic: the same event for the same user is the same item, so a
     retried write cannot duplicate it."""
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
-
-
-def notification_puts(notes: Iterable[Notification]) -> list[Put]:
-    return [Put(note.to_item(), NotExists()) for note in notes]
 
 
 def broker_of(ctx: Context) -> Broker | None:
@@ -51,13 +47,33 @@ async def write(table: Table, broker: Broker | None, notes: Sequence[Notificatio
     await announce(broker, written)
 
 
-async def _members(ctx: Context, family_id: str) -> list[Membership]:
-    page = await ctx.table.query(keys.family_pk(family_id), SortKey.begins_with(keys.MEMBER_PREFIX))
+async def family_members(table: Table, family_id: str) -> list[Membership]:
+    page = await table.query(keys.family_pk(family_id), SortKey.begins_with(keys.MEMBER_PREFIX))
     return [Membership.from_item(item) for item in page.items]
 
 
+async def content_ready(table: Table, broker: Broker | None, content: Content, at: str) -> None:
+    """NEW_CONTENT to the family's other members (capsule content is announced
+    when its capsule opens, by the scheduler)."""
+    if not content.in_feed:
+        return
+    notes = [
+        Notification(
+            user_id=m.user_id,
+            id=notification_id("NEW_CONTENT", content.id, m.user_id),
+            type="NEW_CONTENT",
+            created_at=content.ready_at or at,
+            family_id=content.family_id,
+            content_id=content.id,
+        )
+        for m in await family_members(table, content.family_id)
+        if m.role in ("ADMIN", "MEMBER") and m.user_id != content.author_id
+    ]
+    await write(table, broker, notes)
+
+
 async def member_joined(ctx: Context, family: Family, joined: Membership) -> None:
-    members = await _members(ctx, family.id)
+    members = await family_members(ctx.table, family.id)
     if joined.role == "PENDING":
         kind = "MEMBER_PENDING"
         can_admit = ("ADMIN", "MEMBER") if family.trust_level == "VOUCHED" else ("ADMIN",)
@@ -69,7 +85,7 @@ async def member_joined(ctx: Context, family: Family, joined: Membership) -> Non
 
 
 async def member_admitted(ctx: Context, family: Family, admitted: Membership) -> None:
-    members = await _members(ctx, family.id)
+    members = await family_members(ctx.table, family.id)
     to = [m.user_id for m in members if m.role == "ADMIN" and m.user_id != admitted.user_id]
     await _family_note(ctx, family, admitted, "MEMBER_JOINED", to)
 

@@ -27,7 +27,7 @@ from resolvers.context import Services
 from resolvers.transcribe import Transcriber, TranscriptionError
 from store import keys
 from store.blobs import BlobStore
-from store.items import IN_PIPELINE, Content, Membership, Notification, iso
+from store.items import IN_PIPELINE, Content, iso
 from store.port import (
     Compare,
     ConditionFailed,
@@ -213,7 +213,7 @@ class Pipeline:
             transcription = await self._transcribe(content, has_audio, media_format)
             ready_at = iso(self.services.now())
             content = await self._move(content, "READY", transcription=transcription, readyAt=ready_at)
-            await self._announce_ready(content)
+            await notifications.content_ready(self.table, self.broker, content, ready_at)
 
     async def _check(self, content: Content, source: Path) -> None:
         if content.type == "TEXT":
@@ -273,27 +273,6 @@ class Pipeline:
             return
         with contextlib.suppress(ConditionFailed):
             await self._move(content, "FAILED", failureReason=reason[:500])
-
-    async def _announce_ready(self, content: Content) -> None:
-        if not content.in_feed:
-            return  # capsule content is announced when its capsule opens
-        page = await self.table.query(
-            keys.family_pk(content.family_id), SortKey.begins_with(keys.MEMBER_PREFIX)
-        )
-        members = [Membership.from_item(item) for item in page.items]
-        notes = [
-            Notification(
-                user_id=m.user_id,
-                id=notifications.notification_id("NEW_CONTENT", content.id, m.user_id),
-                type="NEW_CONTENT",
-                created_at=content.ready_at or iso(self.services.now()),
-                family_id=content.family_id,
-                content_id=content.id,
-            )
-            for m in members
-            if m.role in ("ADMIN", "MEMBER") and m.user_id != content.author_id
-        ]
-        await notifications.write(self.table, self.broker, notes)
 
     # Archive sweep --------------------------------------------------------------
 

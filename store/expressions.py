@@ -22,7 +22,6 @@ from store.port import (
     Item,
     NotExists,
     Or,
-    SortKey,
     StoreError,
     Update,
 )
@@ -81,19 +80,6 @@ def apply_update(item: Item | None, update: Update) -> Item:
             raise StoreError(f"ADD needs a number in {name}")
         result[name] = current + delta
     return result
-
-
-def sort_key_matches(sk: SortKey, value: str) -> bool:
-    if sk.op == "begins_with":
-        return value.startswith(sk.value)
-    if sk.op == "between":
-        assert sk.upper is not None
-        return sk.value <= value <= sk.upper
-    return _COMPARE[sk.op](value, sk.value)
-
-
-def index_key_names(index: Index) -> tuple[str, str]:
-    return INDEX_KEYS[index]
 
 
 def cursor_for(item: Item, index: Index) -> str:
