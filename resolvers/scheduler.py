@@ -41,6 +41,7 @@ from store.port import (
     TransactionCancelled,
     Update,
     WriteOp,
+    any_of,
     eq,
 )
 
@@ -109,7 +110,7 @@ class UnlockScheduler:
         with contextlib.suppress(StoreError):  # another process moved it; the next pass reads theirs
             await self.table.put(
                 {"PK": key[0], "SK": key[1], "day": new.isoformat()},
-                eq("day", old.isoformat()) if await self.table.get(key) else NotExists(),
+                any_of(NotExists(), eq("day", old.isoformat())),
             )
 
     # One day ----------------------------------------------------------------------
