@@ -12,6 +12,7 @@ from typing import Any
 import jwt
 
 from resolvers.errors import Unauthenticated
+from resolvers.validation import claim_text, subject_problem
 
 
 @dataclass(frozen=True)
@@ -21,24 +22,27 @@ class Claims:
     given_name: str | None = None
     family_name: str | None = None
     picture: str | None = None
+    expires_at: float | None = None  # the token's `exp`, in seconds since the epoch
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Claims:
         sub = payload.get("sub")
-        if not isinstance(sub, str) or not sub or len(sub) > 128 or "#" in sub:
-            raise Unauthenticated("the token has no usable subject")
-
-        def text(name: str) -> str | None:
-            value = payload.get(name)
-            return value[:256] if isinstance(value, str) and value else None
-
+        problem = subject_problem(sub)
+        if problem is not None:
+            raise Unauthenticated(problem)
+        assert isinstance(sub, str)
+        exp = payload.get("exp")
         return cls(
             sub=sub,
-            email=text("email"),
-            given_name=text("given_name"),
-            family_name=text("family_name"),
-            picture=text("picture"),
+            email=claim_text(payload.get("email")),
+            given_name=claim_text(payload.get("given_name")),
+            family_name=claim_text(payload.get("family_name")),
+            picture=claim_text(payload.get("picture")),
+            expires_at=float(exp) if isinstance(exp, int | float) else None,
         )
+
+    def expired(self, now: float | None = None) -> bool:
+        return self.expires_at is not None and (now if now is not None else time.time()) >= self.expires_at
 
 
 def media_secret(auth_secret: str) -> bytes:

@@ -8,11 +8,12 @@ in `resolvers.scheduler`; the upload moves (SCHEDULED -> LOCKED) in
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from resolvers import families
+from resolvers import access, families
 from resolvers.context import Context
-from resolvers.errors import BadInput, Conflict, Forbidden, not_found
+from resolvers.errors import BadInput, Conflict, Forbidden
 from resolvers.pagination import ItemPage, query_page
 from resolvers.validation import clean_text
 from store import keys
@@ -30,10 +31,11 @@ from store.port import (
 )
 
 MAX_TITLE = 200
-MAX_RECIPIENTS = 48  # the unlock transaction holds capsule, content, and two items per recipient
+# The unlock transaction holds the capsule, the content, two items per recipient,
+# the creator's notification, and up to two items that count the content's tags.
+MAX_RECIPIENTS = 47
 MAX_YEARS_AHEAD = 100
-VISIBLE_TO_RECIPIENTS = ("SCHEDULED", "LOCKED", "UNLOCKING", "AVAILABLE", "VIEWED", "ARCHIVED")
-OPEN = ("AVAILABLE", "VIEWED", "ARCHIVED")
+OPEN = access.OPEN
 
 
 def shards(ctx: Context) -> int:
@@ -47,23 +49,9 @@ async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
     return Capsule.from_item(item) if item else None
 
 
-def can_see(capsule: Capsule, viewer: str) -> bool:
-    if capsule.creator_id == viewer:
-        return True
-    return viewer in capsule.recipient_ids and capsule.status in VISIBLE_TO_RECIPIENTS
-
-
 async def visible_capsule(ctx: Context, capsule_id: str) -> Capsule:
-    viewer = await ctx.viewer_id()
-    capsule = await load_capsule(ctx, capsule_id)
-    if capsule is None or not can_see(capsule, viewer):
-        raise not_found("capsule")
-    # A recipient who has left the family no longer sees its capsules.
-    if capsule.creator_id != viewer:
-        membership = await families.load_membership(ctx, capsule.family_id, viewer)
-        if membership is None or membership.role not in families.READERS:
-            raise not_found("capsule")
-    return capsule
+    await ctx.viewer_id()
+    return await access.require(ctx, await load_capsule(ctx, capsule_id), "capsule")
 
 
 async def own_capsule(ctx: Context, capsule_id: str) -> Capsule:
@@ -113,7 +101,7 @@ async def create_capsule(
         raise BadInput(f"a capsule can have at most {MAX_RECIPIENTS} recipients")
     await families.readable_family(ctx, family_id)
     memberships = await ctx.loaders.many([keys.member(family_id, user) for user in wanted if "#" not in user])
-    members = {item["userId"] for item in memberships if item and item["role"] in families.READERS}
+    members = {item["userId"] for item in memberships if item and item["role"] in access.READERS}
     outsiders = [user for user in wanted if user not in members]
     if outsiders:
         raise BadInput("every recipient must be a MEMBER or ADMIN of the family")
@@ -219,9 +207,30 @@ async def open_capsule(ctx: Context, capsule_id: str) -> Capsule:
     return reread or capsule
 
 
-async def my_capsules(ctx: Context, first: int, after: str | None) -> ItemPage:
+@dataclass(frozen=True)
+class CapsulePage:
+    """A page of capsules the viewer may read now; a capsule the rule hides
+    leaves a gap in the page rather than a hint that it exists."""
+
+    capsules: list[Capsule]
+    cursors: list[str]
+    has_next: bool
+    end_cursor: str | None
+
+
+async def _readable_page(ctx: Context, page: ItemPage, capsules: list[Capsule | None]) -> CapsulePage:
+    found = [(c, cursor) for c, cursor in zip(capsules, page.cursors, strict=True) if c is not None]
+    allowed = await access.readable(ctx, [c for c, _ in found])
+    kept = {id(c) for c in allowed}
+    chosen = [(c, cursor) for c, cursor in found if id(c) in kept]
+    return CapsulePage(
+        [c for c, _ in chosen], [cursor for _, cursor in chosen], page.has_next, page.end_cursor
+    )
+
+
+async def my_capsules(ctx: Context, first: int, after: str | None) -> CapsulePage:
     viewer = await ctx.viewer_id()
-    return await query_page(
+    page = await query_page(
         ctx,
         scope=f"my-capsules:{viewer}",
         pk=keys.user_pk(viewer),
@@ -231,13 +240,14 @@ async def my_capsules(ctx: Context, first: int, after: str | None) -> ItemPage:
         first=first,
         after=after,
     )
+    return await _readable_page(ctx, page, [Capsule.from_item(item) for item in page.items])
 
 
-async def received_capsules(ctx: Context, first: int, after: str | None) -> ItemPage:
+async def received_capsules(ctx: Context, first: int, after: str | None) -> CapsulePage:
     """Recipient items, soonest unlock last; a recipient item is in GSI1 only
     while the recipient may know of the capsule (SCHEDULED or later)."""
     viewer = await ctx.viewer_id()
-    return await query_page(
+    page = await query_page(
         ctx,
         scope=f"received:{viewer}",
         pk=keys.user_pk(viewer),
@@ -247,6 +257,8 @@ async def received_capsules(ctx: Context, first: int, after: str | None) -> Item
         first=first,
         after=after,
     )
+    found = await ctx.loaders.many([keys.capsule(item["capsuleId"]) for item in page.items])
+    return await _readable_page(ctx, page, [Capsule.from_item(item) if item else None for item in found])
 
 
 async def archive_viewed(table: Table, now: datetime, retention_days: int) -> int:

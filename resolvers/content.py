@@ -3,17 +3,18 @@ moves of its state machine that people make (the pipeline makes the rest)."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import unicodedata
 import uuid
 from datetime import UTC, datetime, timedelta
 
-from resolvers import families, notifications
+from resolvers import access, families, notifications
 from resolvers.broker import Broker, content_channel
 from resolvers.context import Context
 from resolvers.errors import BadInput, Conflict, Forbidden, not_found
 from resolvers.pagination import ItemPage, query_page
-from resolvers.validation import clean_optional, clean_text
+from resolvers.validation import clean_mime_type, clean_optional, clean_text
 from store import keys
 from store.blobs import BlobStore
 from store.items import Capsule, Comment, Content, Membership, Notification, Reaction, iso, reaction_attr
@@ -66,10 +67,7 @@ async def publish_status(broker: Broker | None, content: Content) -> None:
 # Reading ----------------------------------------------------------------------
 
 
-def is_sealed(content: Content) -> bool:
-    """Capsule content stays out of the feed (no GSI1 keys) until its capsule
-    opens; until then only its author may see it."""
-    return content.capsule_id is not None and not content.in_feed
+is_sealed = access.is_sealed
 
 
 async def load_content(ctx: Context, content_id: str) -> Content | None:
@@ -81,13 +79,9 @@ async def load_content(ctx: Context, content_id: str) -> Content | None:
 
 async def may_read(ctx: Context, content: Content) -> Membership | None:
     """The viewer's membership when they may read this content, else None."""
-    viewer = await ctx.viewer_id()
-    membership = await families.load_membership(ctx, content.family_id, viewer)
-    if membership is None or membership.role not in families.READERS:
+    if not await access.may_read(ctx, content):
         return None
-    if is_sealed(content) and content.author_id != viewer:
-        return None
-    return membership
+    return await access.reader(ctx, content.family_id)
 
 
 async def readable_content(ctx: Context, content_id: str) -> tuple[Content, Membership]:
@@ -133,12 +127,12 @@ async def feed_page(ctx: Context, family_id: str, first: int, after: str | None)
 
 
 def _check_upload(settings_max: int, content_type: str, mime_type: str, size_bytes: int) -> str:
-    mime = mime_type.strip().lower()
     prefix = MIME_PREFIX.get(content_type)
     if prefix is None:
         raise BadInput("type must be one of VIDEO, AUDIO, PHOTO, TEXT")
-    if not mime.startswith(prefix) or len(mime) <= len(prefix) or len(mime) > 100 or ";" in mime:
-        raise BadInput(f"a {content_type} upload needs a {prefix}* MIME type, not {mime_type!r}")
+    mime = clean_mime_type(mime_type)
+    if not mime.startswith(prefix):
+        raise BadInput(f"a {content_type} upload needs a {prefix}* MIME type, not {mime!r}")
     if not 1 <= size_bytes <= settings_max:
         raise BadInput(f"sizeBytes must be between 1 and {settings_max}")
     return mime
@@ -367,20 +361,28 @@ async def comments_page(ctx: Context, content: Content, first: int, after: str |
 
 async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
     content, membership = await readable_content(ctx, content_id)
-    text = clean_text(body, "body", MAX_COMMENT)
+    text = clean_text(body, "body", MAX_COMMENT, multiline=True)
     moment = ctx.services.now()
     comment = Comment(content.id, new_comment_id(moment), membership.user_id, text, iso(moment))
-    try:
-        await ctx.table.transact(
-            [
-                Put(comment.to_item(), NotExists()),
-                Update(content.key, add={"commentCount": 1}, condition=Exists()),
-            ]
-        )
-    except TransactionCancelled as error:
-        raise not_found("content") from error
+    write = ctx.table.transact(
+        [
+            Put(comment.to_item(), NotExists()),
+            Update(content.key, add={"commentCount": 1}, condition=Exists()),
+        ]
+    )
+    # Whether the content's author is still in the family, read beside the write:
+    # someone who left hears nothing more of it.
+    written, author = await asyncio.gather(
+        write, ctx.table.get(keys.member(content.family_id, content.author_id)), return_exceptions=True
+    )
+    if isinstance(written, TransactionCancelled):
+        raise not_found("content") from written
+    for failure in (written, author):
+        if isinstance(failure, BaseException):
+            raise failure
     ctx.loaders.forget(content.key)
-    if content.author_id != membership.user_id:
+    author_reads = isinstance(author, dict) and author.get("role") in access.READERS
+    if content.author_id != membership.user_id and author_reads:
         note = Notification(
             user_id=content.author_id,
             id=notifications.notification_id("NEW_COMMENT", comment.id, content.author_id),

@@ -100,10 +100,21 @@ class Context:
         except ApiError as error:
             self.claims, self.auth_error = None, error
 
+    def signed_in_error(self) -> ApiError | None:
+        """Why this context may not run an operation now, or None when it may.
+        A WebSocket keeps its context for hours: the token's expiry counts at
+        every operation, not only at the handshake."""
+        if self.claims is None:
+            return self.auth_error or Unauthenticated("sign in: send a Bearer token")
+        if self.claims.expired():
+            return Unauthenticated("the token has expired")
+        return None
+
     async def viewer_id(self) -> str:
         """The signed-in user's id; creates their User on their first request."""
-        if self.claims is None:
-            raise self.auth_error or Unauthenticated("sign in: send a Bearer token")
+        refusal = self.signed_in_error()
+        if refusal is not None or self.claims is None:
+            raise refusal or Unauthenticated("sign in: send a Bearer token")
         user_id = self.claims.sub
         if user_id not in self.services.known_users:
             await self._ensure_user(self.claims)

@@ -7,7 +7,8 @@ import uuid
 from dataclasses import replace
 from datetime import timedelta
 
-from resolvers import notifications
+from resolvers import access, notifications
+from resolvers.access import READERS
 from resolvers.context import Context
 from resolvers.errors import BadInput, Conflict, Forbidden, RateLimited, not_found
 from resolvers.pagination import ItemPage, query_page
@@ -31,7 +32,6 @@ from store.port import (
 )
 
 TRUST_LEVELS = ("OPEN", "VOUCHED", "CLOSED")
-READERS = ("ADMIN", "MEMBER")
 MAX_FAMILY_NAME = 100
 MAX_VOUCH_THRESHOLD = 100
 
@@ -73,12 +73,14 @@ async def viewer_membership(ctx: Context, family_id: str) -> Membership | None:
 async def visible_family(ctx: Context, family_id: str) -> tuple[Family, Membership]:
     """The family and the viewer's membership, any role; NOT_FOUND to outsiders."""
     viewer = await ctx.viewer_id()
-    family_item, member_item = await ctx.loaders.many(
-        [keys.family(family_id), keys.member(family_id, viewer)]
-    )
-    if family_item is None or member_item is None:
+    if "#" in family_id:
         raise not_found("family")
-    return Family.from_item(family_item), Membership.from_item(member_item)
+    # Both in one batch; the rule then reads the membership from the cache.
+    family_item, _ = await ctx.loaders.many([keys.family(family_id), keys.member(family_id, viewer)])
+    membership = await access.require_member(ctx, family_id)
+    if family_item is None:
+        raise not_found("family")
+    return Family.from_item(family_item), membership
 
 
 async def readable_family(ctx: Context, family_id: str) -> tuple[Family, Membership]:

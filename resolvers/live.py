@@ -10,12 +10,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from resolvers import capsules
+from resolvers import access
 from resolvers import content as content_resolvers
 from resolvers.broker import Broker, content_channel, user_channel
 from resolvers.context import Context
 from resolvers.errors import NotFound
-from resolvers.families import READERS
 from store import keys
 from store.items import Capsule, Content, Notification
 from store.port import Item
@@ -113,17 +112,14 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
     if shared is None:
         return None
     capsule = Capsule.from_item(shared.capsule)
-    mine = shared.members.get(viewer)
-    if not capsules.can_see(capsule, viewer):
-        return None
-    if viewer != capsule.creator_id and (mine is None or mine["role"] not in READERS):
-        return None
     # The payload's fields read what was shared: the capsule, its content, and
-    # this subscriber's own membership.
-    for item in (shared.capsule, shared.content, mine):
+    # this subscriber's own membership (or its absence, which the rule needs too).
+    for item in (shared.capsule, shared.content):
         if item is not None:
             ctx.loaders.remember(item)
-    return capsule
+    ctx.loaders.item.prime(keys.member(capsule.family_id, viewer), shared.members.get(viewer))
+    # The one read rule decides, creator and recipients alike.
+    return capsule if await access.may_read(ctx, capsule) else None
 
 
 async def capsules_unlocked(ctx: Context) -> AsyncIterator[tuple[Capsule, str]]:

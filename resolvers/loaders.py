@@ -83,16 +83,26 @@ class Loaders:
     def __init__(self, table: Table) -> None:
         self.item = ItemLoader(table)
         self.query = QueryLoader(table)
+        # Read verdicts of this operation (resolvers.access); whatever changes
+        # what was loaded forgets them all, so none outlives what it read.
+        self.verdicts: dict[tuple[object, ...], bool] = {}
 
     async def many(self, keys: Sequence[Key]) -> list[Item | None]:
         result: list[Any] = await self.item.load_many(list(keys))
         return result
 
     def forget(self, *keys: Key) -> None:
+        self.verdicts.clear()
         for key in keys:
             self.item.clear(key)
 
+    def prime(self, found: Sequence[Item]) -> None:
+        """Items read by a query, as they are now; what is cached already stays."""
+        for item in found:
+            self.item.prime((item["PK"], item["SK"]), item)
+
     def remember(self, item: Item) -> None:
         key = (item["PK"], item["SK"])
+        self.verdicts.clear()
         self.item.clear(key)
         self.item.prime(key, item)

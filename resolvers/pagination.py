@@ -57,6 +57,9 @@ async def query_page(
         )
     except InvalidCursor as error:
         raise BadInput("the cursor is not valid") from error
+    # Both indexes project every attribute: what a page holds is the item itself,
+    # so point reads of the same items later in the operation need no round trip.
+    ctx.loaders.prime(page.items)
     cursors = [ctx.services.cursors.sign(scope, cursor_for(item, index)) for item in page.items]
     return ItemPage(page.items, cursors, page.cursor is not None)
 
@@ -88,6 +91,7 @@ async def filtered_page(
             )
         except InvalidCursor as error:
             raise BadInput("the cursor is not valid") from error
+        ctx.loaders.prime(page.items)
         for item, wanted in zip(page.items, await keep(page.items), strict=True):
             if not wanted:
                 continue

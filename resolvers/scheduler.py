@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import TypeVar
 
+from resolvers.access import READERS
 from resolvers.broker import Broker, user_channel
 from resolvers.context import Services
 from resolvers.notifications import announce, notification_id
+from resolvers.tags import unseal_ops
 from store import keys
 from store.items import Capsule, Content, Notification, iso
 from store.port import (
@@ -147,10 +149,12 @@ class UnlockScheduler:
             and (c.unlocking_at or c.unlock_date) < abandoned
         ] + [c for c in due if c.status == "UNLOCKING" and c.id in self._mine]
         unlocking += [c for c in won if c is not None]
-        contents = await self._contents(unlocking)
+        contents, readers = await self._contents_and_readers(unlocking)
         finished = await self._each(
             unlocking,
-            lambda capsule: self._finish(capsule, contents.get(capsule.content_id or ""), result),
+            lambda capsule: self._finish(
+                capsule, contents.get(capsule.content_id or ""), readers.get(capsule.family_id, set()), result
+            ),
             result,
         )
         # A lost win means another process has it; a failed step is retried next pass.
@@ -175,12 +179,27 @@ class UnlockScheduler:
             log.exception("unlock of capsule %s failed; the next pass retries", capsule.id)
             return None
 
-    async def _contents(self, capsules: list[Capsule]) -> dict[str, Content]:
+    async def _contents_and_readers(
+        self, capsules: list[Capsule]
+    ) -> tuple[dict[str, Content], dict[str, set[str]]]:
+        """Every capsule's content, and who of its people may read the family
+        now (resolvers.access's rule), in one batch get."""
         wanted = [keys.content(c.content_id) for c in capsules if c.content_id]
+        wanted += [
+            keys.member(c.family_id, person) for c in capsules for person in (*c.recipient_ids, c.creator_id)
+        ]
         if not wanted:
-            return {}
+            return {}, {}
         found = await self.table.batch_get(wanted)
-        return {item["id"]: Content.from_item(item) for item in found.values()}
+        contents: dict[str, Content] = {}
+        readers: dict[str, set[str]] = {}
+        for item in found.values():
+            if item.get("type") == "Membership":
+                if item.get("role") in READERS:
+                    readers.setdefault(item["familyId"], set()).add(item["userId"])
+            else:
+                contents[item["id"]] = Content.from_item(item)
+        return contents, readers
 
     async def _due(self, partition: str, now_iso: str) -> list[Item]:
         found: list[Item] = []
@@ -208,13 +227,18 @@ class UnlockScheduler:
             return None  # another process won it
         return Capsule.from_item(item)
 
-    async def _finish(self, capsule: Capsule, content: Content | None, result: PassResult) -> bool:
+    async def _finish(
+        self, capsule: Capsule, content: Content | None, readers: set[str], result: PassResult
+    ) -> bool:
         """True when the capsule is AVAILABLE (by us or by another process)."""
         unlocking_at = capsule.unlocking_at or capsule.unlock_date
         if content is None or content.status not in ("READY", "DELIVERED"):
             result.waiting += 1
             return False  # the content is still processing (or failed): wait
-        people = list(dict.fromkeys([*capsule.recipient_ids, capsule.creator_id]))
+        # The capsule stays the family's and opens for its recipients; only those
+        # who are its MEMBERs or ADMINs now are told (a creator who was removed
+        # is not, and a recipient who left is not).
+        people = [p for p in dict.fromkeys([*capsule.recipient_ids, capsule.creator_id]) if p in readers]
         notes = [
             Notification(
                 user_id=user,
@@ -238,14 +262,21 @@ class UnlockScheduler:
             *(
                 Update(keys.recipient(capsule.id, user), set={"notifiedAt": unlocking_at}, condition=Exists())
                 for user in capsule.recipient_ids
+                if user in readers
             ),
             *(Put(note.to_item(), NotExists()) for note in notes),
+            # The content leaves its capsule: its tags now count for everyone.
+            *await unseal_ops(self.table, content),
         ]
         try:
             await self.table.transact(ops)
-        except TransactionCancelled:
-            self._mine.discard(capsule.id)
-            return True  # another process finished it first; it publishes
+        except TransactionCancelled as error:
+            if error.failed_on(capsule.key):
+                self._mine.discard(capsule.id)
+                return True  # another process finished it first; it publishes
+            # Its tags changed meanwhile: still ours, the next pass reads again.
+            result.waiting += 1
+            return False
         self._mine.discard(capsule.id)
         result.unlocked += 1
         await self._publish(capsule, unlocking_at, people, notes)
@@ -275,14 +306,19 @@ class UnlockScheduler:
             family_id=capsule.family_id,
             capsule_id=capsule.id,
         )
+        creator = await self.table.get(keys.member(capsule.family_id, capsule.creator_id))
+        # A creator who is no longer in the family is not told; the flag is set
+        # all the same, so no later pass asks again.
+        tell = creator is not None and creator.get("role") in READERS
+        ops: list[WriteOp] = [
+            Update(capsule.key, set={"creatorToldEmpty": True}, condition=eq("status", "SCHEDULED"))
+        ]
+        if tell:
+            ops.append(Put(note.to_item(), NotExists()))
         try:
-            await self.table.transact(
-                [
-                    Update(capsule.key, set={"creatorToldEmpty": True}, condition=eq("status", "SCHEDULED")),
-                    Put(note.to_item(), NotExists()),
-                ]
-            )
+            await self.table.transact(ops)
         except TransactionCancelled:
             return
-        result.told_empty += 1
-        await announce(self.broker, [note])
+        if tell:
+            result.told_empty += 1
+            await announce(self.broker, [note])

@@ -80,11 +80,12 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from resolvers import families
+from resolvers import access, families
 from resolvers.content import may_read, readable_content
 from resolvers.context import Context
 from resolvers.errors import BadInput, Conflict, not_found
 from resolvers.pagination import filtered_page
+from resolvers.validation import check_display
 from store import keys
 from store.items import Content, Tag
 from store.port import (
@@ -99,8 +100,10 @@ from store.port import (
     NotExists,
     Put,
     SortKey,
+    Table,
     TransactionCancelled,
     WriteOp,
+    all_of,
     eq,
 )
 
@@ -147,6 +150,7 @@ def normalize(text: str) -> str:
 
 
 def _refuse_controls(text: str, field: str) -> None:
+    # Search prefixes are never shown to anyone: only what breaks keys is refused.
     if any(unicodedata.category(ch) in ("Cc", "Cs") for ch in text):
         raise BadInput(f"{field} must not contain control characters")
 
@@ -158,7 +162,7 @@ def clean_value(raw: str) -> tuple[str, str]:
         raise BadInput("a tag value must not be empty")
     if len(value) > MAX_VALUE:
         raise BadInput(f"a tag value must be at most {MAX_VALUE} characters")
-    _refuse_controls(value, "a tag value")
+    check_display(value, "a tag value")
     normalized = normalize(value)
     if not normalized:
         raise BadInput(f"the tag value {value!r} has nothing left once normalized")
@@ -185,7 +189,7 @@ def clean_set_name(raw: str) -> str:
         raise BadInput("setName must not be empty")
     if len(name) > MAX_SET_NAME:
         raise BadInput(f"setName must be at most {MAX_SET_NAME} characters")
-    _refuse_controls(name, "setName")
+    check_display(name, "setName")
     return name
 
 
@@ -268,13 +272,19 @@ class _MarkerChange:
     delta: int = 0
 
 
-def _marker_changes(tags: Iterable[Tag], sign: int, into: dict[Key, _MarkerChange]) -> None:
+def _marker_changes(
+    tags: Iterable[Tag], sign: int, into: dict[Key, _MarkerChange], *, sealed: bool, own: bool = True
+) -> None:
+    """Tags on sealed content count for their author only, as in search: the
+    ANY marker must not reveal that sealed content exists. `unseal_ops` counts
+    them there when the capsule opens."""
     for tag in tags:
         if tag.set_name is None:
             continue
-        own = keys.tagset_user(tag.family_id, tag.set_name, tag.author_id)
-        into.setdefault(own, _MarkerChange(tag.family_id, tag.set_name, tag.author_id)).delta += sign
-        if not tag.private:
+        if own:
+            mine = keys.tagset_user(tag.family_id, tag.set_name, tag.author_id)
+            into.setdefault(mine, _MarkerChange(tag.family_id, tag.set_name, tag.author_id)).delta += sign
+        if not tag.private and not sealed:
             anyone = keys.tagset_any(tag.family_id, tag.set_name)
             into.setdefault(anyone, _MarkerChange(tag.family_id, tag.set_name, None)).delta += sign
 
@@ -347,19 +357,22 @@ async def _replace(
         # The summary and the markers the new tags touch leave together; markers
         # of an older set (known only from the summary) follow when there are any.
         changes: dict[Key, _MarkerChange] = {}
-        _marker_changes(fresh, +1, changes)
+        sealed = access.is_sealed(content)
+        _marker_changes(fresh, +1, changes, sealed=sealed)
         found = await _batch_get(ctx, [summary_key, *changes])
         summary = summary_of(found.get(summary_key), content)
         old = [tag for tag in summary.tags if tag.author_id == author_id]
         since = {tag.normalized: tag.created_at for tag in old}
         new = [replace(tag, created_at=since.get(tag.normalized, tag.created_at)) for tag in fresh]
-        _marker_changes(old, -1, changes)
+        _marker_changes(old, -1, changes, sealed=sealed)
         found.update(await _batch_get(ctx, [key for key in changes if key not in found]))
 
         kept = [tag for tag in summary.tags if tag.author_id != author_id]
         item = _summary_item(content, (summary.version or 0) + 1, [*kept, *new])
         new_keys = {tag.key for tag in new}
-        ops: list[WriteOp] = [Check(content.key, Exists())]
+        # Sealed content must still be sealed when the counts above are written.
+        still = all_of(Exists(), NotExists("GSI1PK")) if sealed else Exists()
+        ops: list[WriteOp] = [Check(content.key, still)]
         ops += [Delete(tag.key) for tag in old if tag.key not in new_keys]
         ops += [Put(tag.to_item()) for tag in new]
         ops.append(Put(item, _summary_guard(summary)))
@@ -368,7 +381,12 @@ async def _replace(
             await ctx.table.transact(ops)
         except TransactionCancelled as error:
             if any(r.key == content.key and r.reason == "ConditionalCheckFailed" for r in error.reasons):
-                raise not_found("content") from error
+                # Gone, or its capsule opened meanwhile: read it again.
+                fresh_item = await ctx.table.get(content.key)
+                if fresh_item is None:
+                    raise not_found("content") from error
+                content = Content.from_item(fresh_item)
+                continue
             await asyncio.sleep(random.uniform(0, min(0.5, 0.01 * 2**attempt)))
             continue
         ctx.loaders.remember(item)
@@ -392,7 +410,7 @@ async def cleanup_ops(ctx: Context, content: Content) -> list[WriteOp]:
         if summary.version is None:
             return [Check(summary_key, NotExists())]
         changes: dict[Key, _MarkerChange] = {}
-        _marker_changes(summary.tags, -1, changes)
+        _marker_changes(summary.tags, -1, changes, sealed=access.is_sealed(content))
         found = await _batch_get(ctx, list(changes))
         ops: list[WriteOp] = [Delete(tag.key) for tag in summary.tags]
         ops += _marker_ops(changes, found)
@@ -402,6 +420,25 @@ async def cleanup_ops(ctx: Context, content: Content) -> list[WriteOp]:
         author, _ = Counter(tag.author_id for tag in summary.tags).most_common(1)[0]
         await _replace(ctx, content, author, [], None, False)
     raise Conflict("the tags of this content keep changing; try again")
+
+
+# A capsule opening -------------------------------------------------------------------
+
+
+async def unseal_ops(table: Table, content: Content) -> list[WriteOp]:
+    """The ops that count the content's public set tags in their ANY markers,
+    for the unlock's own transaction. They are conditioned on the summary's
+    version and on the counts read, so a `setTags` racing the unlock cancels it
+    and the next pass tries again with fresh reads."""
+    summary_key = keys.content_tags(content.id)
+    item = await table.get(summary_key)
+    summary = summary_of(item, content)
+    if summary.version is None:
+        return [Check(summary_key, NotExists())]
+    changes: dict[Key, _MarkerChange] = {}
+    _marker_changes(summary.tags, +1, changes, sealed=False, own=False)
+    found = await table.batch_get(list(changes)) if changes else {}
+    return [Check(summary_key, eq("version", summary.version)), *_marker_ops(changes, found)]
 
 
 # Reading --------------------------------------------------------------------------------
@@ -430,7 +467,7 @@ async def tag_status(ctx: Context, family_id: str, set_name: str) -> tuple[bool,
             keys.tagset_user(family_id, name, viewer),
         ]
     )
-    if family is None or member is None or member.get("role") not in families.READERS:
+    if family is None or member is None or member.get("role") not in access.READERS:
         raise not_found("family")
     by_viewer = _count(own) > 0
     return _count(anyone) > 0 or by_viewer, by_viewer

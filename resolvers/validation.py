@@ -1,21 +1,101 @@
-"""Input rules shared by the mutations."""
+"""Text rules, all in one module: ids that come from tokens, text that people
+show to their family, and MIME types.
+
+Display text (names, titles, comments, tags) must not fool the person who reads
+it nor break what it is stored in, so it refuses:
+- C0 and C1 control characters (a newline is allowed in comment bodies);
+- bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069),
+  which reorder what a reader sees;
+- zero-width and invisible characters, except a zero-width joiner or variation
+  selector inside an emoji sequence (a family emoji, a flag, a skin tone).
+"""
 
 from __future__ import annotations
 
+import re
 import unicodedata
+
+import emoji as emoji_data
 
 from resolvers.errors import BadInput
 
+MAX_SUBJECT = 128
 
-def clean_text(value: str, field: str, max_length: int, *, min_length: int = 1) -> str:
-    """Trimmed, normalized text of a bounded length; control characters refused."""
+BIDI_CONTROLS = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A))
+# Invisible characters that render as nothing: zero-width space, non-joiner and
+# joiner, word joiner and invisible operators, the deprecated format controls,
+# the byte-order mark, the Mongolian vowel separator, variation selectors and
+# the Hangul fillers.
+INVISIBLE = (
+    frozenset({0x00AD, 0x034F, 0x180E, 0x200B, 0x200C, 0x200D, 0x2060, 0xFEFF})
+    | frozenset({0x115F, 0x1160, 0x3164, 0xFFA0})
+    | frozenset(range(0x2061, 0x2065))
+    | frozenset(range(0x206A, 0x2070))
+    | frozenset(range(0xFE00, 0xFE10))
+    | frozenset(range(0xE0100, 0xE01F0))
+)
+
+# RFC 6838, section 4.2: type-name "/" subtype-name, each a restricted-name.
+_RESTRICTED_NAME = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"
+_MIME_TYPE = re.compile(rf"{_RESTRICTED_NAME}/{_RESTRICTED_NAME}")
+
+
+def subject_problem(sub: object) -> str | None:
+    """Why a token's `sub` cannot be a user id here, or None when it can.
+    Ids become parts of table keys and appear in logs: printable, at most 128
+    characters, not blank, no control characters and no '#' (the key separator)."""
+    if not isinstance(sub, str) or not sub.strip():
+        return "the token has no subject"
+    if len(sub) > MAX_SUBJECT:
+        return f"the token's subject is longer than {MAX_SUBJECT} characters"
+    if not sub.isprintable() or "#" in sub:
+        return "the token's subject holds characters an id cannot have"
+    return None
+
+
+def _emoji_spans(text: str) -> list[tuple[int, int]]:
+    return [(found["match_start"], found["match_end"]) for found in emoji_data.emoji_list(text)]
+
+
+def display_problem(text: str, *, multiline: bool = False) -> str | None:
+    """What in the text could fool a reader, or None when nothing does."""
+    spans: list[tuple[int, int]] | None = None
+    for index, ch in enumerate(text):
+        cp = ord(ch)
+        if unicodedata.category(ch) == "Cc":
+            if multiline and ch == "\n":
+                continue
+            return "must not contain control characters"
+        if unicodedata.category(ch) == "Cs":
+            return "must not contain lone surrogates"
+        if cp in BIDI_CONTROLS:
+            return "must not contain bidirectional override or isolate characters"
+        if cp in INVISIBLE:
+            if spans is None:
+                spans = _emoji_spans(text)
+            if not any(start < index < end for start, end in spans):
+                return "must not contain zero-width or invisible characters outside an emoji"
+    return None
+
+
+def check_display(text: str, field: str, *, multiline: bool = False) -> None:
+    problem = display_problem(text, multiline=multiline)
+    if problem is not None:
+        raise BadInput(f"{field} {problem}")
+
+
+def clean_text(
+    value: str, field: str, max_length: int, *, min_length: int = 1, multiline: bool = False
+) -> str:
+    """Trimmed, NFC-normalized display text of a bounded length."""
     text = unicodedata.normalize("NFC", value.strip())
+    if multiline:
+        text = text.replace("\r\n", "\n")
     if len(text) < min_length:
         raise BadInput(f"{field} must not be empty")
     if len(text) > max_length:
         raise BadInput(f"{field} must be at most {max_length} characters")
-    if any(unicodedata.category(ch) == "Cc" and ch not in "\n\t" for ch in text):
-        raise BadInput(f"{field} must not contain control characters")
+    check_display(text, field, multiline=multiline)
     return text
 
 
@@ -28,3 +108,22 @@ def clean_url(value: str, field: str) -> str:
     if not url.startswith(("https://", "http://")):
         raise BadInput(f"{field} must be an http(s) URL")
     return url
+
+
+def claim_text(value: object, max_length: int = 256) -> str | None:
+    """A display claim from a token (a name, an email), or None when it is
+    absent or would fool a reader: the profile then starts without it."""
+    if not isinstance(value, str):
+        return None
+    text = unicodedata.normalize("NFC", value.strip())[:max_length]
+    if not text or display_problem(text) is not None:
+        return None
+    return text
+
+
+def clean_mime_type(value: str) -> str:
+    """A MIME type in RFC 6838's `type/subtype` grammar, lower-cased; no parameters."""
+    mime = value.strip().lower()
+    if not _MIME_TYPE.fullmatch(mime):
+        raise BadInput(f"mimeType must be a MIME type such as image/jpeg, not {value[:100]!r}")
+    return mime

@@ -18,6 +18,7 @@ from strawberry.extensions import (
 
 from resolvers.context import Context
 from schema.errors import ContractErrors
+from schema.guard import ReadGuard, SignedIn
 from schema.mutation import Mutation
 from schema.query import Query
 from schema.subscription import Subscription
@@ -57,6 +58,8 @@ def build_schema() -> strawberry.Schema:
         extensions=[
             ContractErrors,
             FreshLoaders,
+            SignedIn,
+            ReadGuard,
             # Instances are accepted at run time; the annotation only names classes.
             QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]
             MaxAliasesLimiter(max_alias_count=MAX_ALIASES),  # type: ignore[list-item]

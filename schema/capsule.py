@@ -93,3 +93,13 @@ class CapsuleConnection:
 class CapsuleUnlockedEvent:
     capsule: Capsule
     unlocked_at: datetime
+
+
+def capsule_connection(page: capsules.CapsulePage) -> CapsuleConnection:
+    return CapsuleConnection(
+        edges=[
+            CapsuleEdge(cursor=cursor, node=Capsule(item=capsule))
+            for capsule, cursor in zip(page.capsules, page.cursors, strict=True)
+        ],
+        page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+    )

@@ -5,16 +5,15 @@ import strawberry
 from resolvers import capsules, families, notifications, users
 from resolvers import content as content_resolvers
 from resolvers import tags as tag_resolvers
-from resolvers.errors import not_found
 from resolvers.pagination import page_size
-from schema.capsule import Capsule, CapsuleConnection, CapsuleEdge
+from schema.capsule import Capsule, CapsuleConnection, capsule_connection
 from schema.common import Info, PageInfo
 from schema.content import Content
 from schema.family import Family, FamilyMember
 from schema.notification import Notification, NotificationConnection, NotificationEdge
 from schema.tag import TagConnection, TagStatus, tag_connection
 from schema.user import User
-from store import items, keys
+from store import items
 
 
 @strawberry.type
@@ -33,8 +32,6 @@ class Query:
 
     @strawberry.field
     async def family(self, info: Info, id: strawberry.ID) -> Family | None:
-        if "#" in id:
-            raise not_found("family")
         family, _ = await families.visible_family(info.context, str(id))
         return Family(item=family)
 
@@ -51,14 +48,7 @@ class Query:
     async def my_capsules(
         self, info: Info, first: int | None = 20, after: str | None = None
     ) -> CapsuleConnection:
-        page = await capsules.my_capsules(info.context, page_size(first, 20), after)
-        return CapsuleConnection(
-            edges=[
-                CapsuleEdge(cursor=cursor, node=Capsule(item=items.Capsule.from_item(item)))
-                for item, cursor in zip(page.items, page.cursors, strict=True)
-            ],
-            page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
-        )
+        return capsule_connection(await capsules.my_capsules(info.context, page_size(first, 20), after))
 
     @strawberry.field(
         description="capsules the viewer is a recipient of and may know about "
@@ -67,18 +57,7 @@ class Query:
     async def received_capsules(
         self, info: Info, first: int | None = 20, after: str | None = None
     ) -> CapsuleConnection:
-        page = await capsules.received_capsules(info.context, page_size(first, 20), after)
-        found = await info.context.loaders.many([keys.capsule(item["capsuleId"]) for item in page.items])
-        edges = []
-        for capsule_item, cursor in zip(found, page.cursors, strict=True):
-            if capsule_item is None:
-                continue
-            capsule = items.Capsule.from_item(capsule_item)
-            if capsules.can_see(capsule, await info.context.viewer_id()):
-                edges.append(CapsuleEdge(cursor=cursor, node=Capsule(item=capsule)))
-        return CapsuleConnection(
-            edges=edges, page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor)
-        )
+        return capsule_connection(await capsules.received_capsules(info.context, page_size(first, 20), after))
 
     @strawberry.field
     async def notifications(

@@ -312,43 +312,87 @@ async def test_notifications_arrive_live_and_stop_for_a_removed_member(live_serv
 
 async def test_foundation_mutations_over_a_websocket(live_server: ServerProcess) -> None:
     async with ws_client(live_server, "quim") as quim, ws_client(live_server, "rut") as rut:
+
         async def run(session: Any, query: str, **variables: Any) -> Any:
             return await session.execute(GraphQLRequest(query, variable_values=variables))
 
         await run(quim, 'mutation { updateProfile(input: {givenName: "Quim"}) { givenName } }')
         assert (await run(quim, "mutation { completeOnboarding { onboardingComplete } }"))[
-            "completeOnboarding"] == {"onboardingComplete": True}
-        family = (await run(quim, 'mutation { createFamily(input: {name: "WS", trustLevel: CLOSED}) '
-                                  "{ id inviteCode } }"))["createFamily"]
-        code = (await run(quim, "mutation($f: ID!) { rotateInviteCode(familyId: $f) { inviteCode } }",
-                          f=family["id"]))["rotateInviteCode"]["inviteCode"]
+            "completeOnboarding"
+        ] == {"onboardingComplete": True}
+        family = (
+            await run(
+                quim, 'mutation { createFamily(input: {name: "WS", trustLevel: CLOSED}) { id inviteCode } }'
+            )
+        )["createFamily"]
+        code = (
+            await run(
+                quim, "mutation($f: ID!) { rotateInviteCode(familyId: $f) { inviteCode } }", f=family["id"]
+            )
+        )["rotateInviteCode"]["inviteCode"]
         assert (await run(rut, "mutation($c: String!) { joinFamily(inviteCode: $c) { role } }", c=code))[
-            "joinFamily"] == {"role": "PENDING"}
-        assert (await run(quim, "mutation($f: ID!, $u: ID!) { approveMember(familyId: $f, userId: $u) { role } }",
-                          f=family["id"], u="rut"))["approveMember"] == {"role": "MEMBER"}
-        mine = await run(rut, "{ myFamilies { role family { name members { edges { node { user { givenName } } } } } } }")
+            "joinFamily"
+        ] == {"role": "PENDING"}
+        assert (
+            await run(
+                quim,
+                "mutation($f: ID!, $u: ID!) { approveMember(familyId: $f, userId: $u) { role } }",
+                f=family["id"],
+                u="rut",
+            )
+        )["approveMember"] == {"role": "MEMBER"}
+        mine = await run(
+            rut, "{ myFamilies { role family { name members { edges { node { user { givenName } } } } } } }"
+        )
         assert mine["myFamilies"][0]["role"] == "MEMBER"
         from gql.transport.exceptions import TransportQueryError
 
         with pytest.raises(TransportQueryError) as refused:
-            await run(rut, "mutation($f: ID!, $u: ID!) { removeMember(familyId: $f, userId: $u) }",
-                      f=family["id"], u="quim")
-        assert refused.value.errors is not None and refused.value.errors[0]["extensions"]["code"] == "FORBIDDEN"
-        assert (await run(rut, "mutation($f: ID!) { leaveFamily(familyId: $f) }", f=family["id"]))["leaveFamily"]
+            await run(
+                rut,
+                "mutation($f: ID!, $u: ID!) { removeMember(familyId: $f, userId: $u) }",
+                f=family["id"],
+                u="quim",
+            )
+        assert (
+            refused.value.errors is not None and refused.value.errors[0]["extensions"]["code"] == "FORBIDDEN"
+        )
+        assert (await run(rut, "mutation($f: ID!) { leaveFamily(familyId: $f) }", f=family["id"]))[
+            "leaveFamily"
+        ]
 
 
 async def test_sealed_content_status_cannot_be_watched_by_others(live_server: ServerProcess) -> None:
     family_id = await make_family(live_server, "sol", ["tea"])
     unlock = (datetime.now(UTC) + timedelta(days=1)).isoformat()
-    capsule = (await http(live_server, "sol", """mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) { id } }""",
-                          {"i": {"familyId": family_id, "title": "Sellado", "unlockDate": unlock,
-                                 "recipientIds": ["tea"]}}))["createCapsule"]
-    await http(live_server, "sol", "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { status } }",
-               {"id": capsule["id"]})
-    content_id = await upload(live_server, "sol", family_id, "TEXT", b"secreto", "text/plain",
-                              capsule_id=capsule["id"], complete=False)
-    request = GraphQLRequest("subscription($id: ID!) { contentStatusChanged(contentId: $id) { status } }",
-                             variable_values={"id": content_id})
+    capsule = (
+        await http(
+            live_server,
+            "sol",
+            """mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) { id } }""",
+            {"i": {"familyId": family_id, "title": "Sellado", "unlockDate": unlock, "recipientIds": ["tea"]}},
+        )
+    )["createCapsule"]
+    await http(
+        live_server,
+        "sol",
+        "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { status } }",
+        {"id": capsule["id"]},
+    )
+    content_id = await upload(
+        live_server,
+        "sol",
+        family_id,
+        "TEXT",
+        b"secreto",
+        "text/plain",
+        capsule_id=capsule["id"],
+        complete=False,
+    )
+    request = GraphQLRequest(
+        "subscription($id: ID!) { contentStatusChanged(contentId: $id) { status } }",
+        variable_values={"id": content_id},
+    )
     from gql.transport.exceptions import TransportQueryError
 
     async with ws_client(live_server, "tea") as session:

@@ -1,0 +1,184 @@
+"""The one read rule, in one place.
+
+Reading anything of a family (its content, capsules, comments, reactions, tags,
+media URLs, members and their profiles, and what notifications point to)
+requires the viewer to be a current MEMBER or ADMIN of that family at the time
+of the read. Being a capsule's creator or recipient never bypasses it. A
+PENDING member sees the family itself and their own membership, nothing more.
+
+Every resolver that fetches records asks `may_read` (or `readable` for a list),
+and `schema.guard.ReadGuard` asks it again before any field of a record-backed
+object resolves, so a new field or a new path cannot forget the rule. Verdicts
+are cached per operation beside the loaders, and the memberships they need are
+point reads that join the loaders' batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TypeVar
+
+from resolvers.context import Context
+from resolvers.errors import NotFound, not_found
+from store import keys
+from store.items import Capsule, Comment, Content, Family, Membership, Notification, Recipient, Tag
+
+READERS = frozenset({"ADMIN", "MEMBER"})
+# Recipients may know of a capsule once it is scheduled, and never while it is
+# a DRAFT or after it was CANCELLED.
+VISIBLE_TO_RECIPIENTS = frozenset({"SCHEDULED", "LOCKED", "UNLOCKING", "AVAILABLE", "VIEWED", "ARCHIVED"})
+OPEN = frozenset({"AVAILABLE", "VIEWED", "ARCHIVED"})
+
+Record = Family | Membership | Content | Capsule | Comment | Recipient | Tag | Notification
+R = TypeVar("R", bound=Record)
+
+# The record types the read guard checks, and the word a refusal uses.
+GUARDED: dict[type, str] = {
+    Family: "family",
+    Membership: "member",
+    Content: "content",
+    Capsule: "capsule",
+    Comment: "comment",
+    Recipient: "capsule",
+    Tag: "tag",
+    Notification: "notification",
+}
+
+
+# Memberships -----------------------------------------------------------------
+
+
+async def membership(ctx: Context, family_id: str) -> Membership | None:
+    """The viewer's membership of the family now, any role."""
+    viewer = await ctx.viewer_id()
+    if "#" in family_id:
+        return None
+    item = await ctx.loaders.item.load(keys.member(family_id, viewer))
+    return Membership.from_item(item) if item else None
+
+
+async def reader(ctx: Context, family_id: str) -> Membership | None:
+    """The viewer's membership when they may read the family's things now."""
+    found = await membership(ctx, family_id)
+    return found if found is not None and found.role in READERS else None
+
+
+async def require_member(ctx: Context, family_id: str) -> Membership:
+    """Any role, PENDING included; NOT_FOUND to everyone else."""
+    found = await membership(ctx, family_id)
+    if found is None:
+        raise not_found("family")
+    return found
+
+
+async def require_reader(ctx: Context, family_id: str) -> Membership:
+    """MEMBER or ADMIN; NOT_FOUND to everyone else."""
+    found = await reader(ctx, family_id)
+    if found is None:
+        raise not_found("family")
+    return found
+
+
+# Records -----------------------------------------------------------------------
+
+
+def is_sealed(content: Content) -> bool:
+    """Capsule content stays out of the feed (no GSI1 keys) until its capsule
+    opens; until then only its author may see it."""
+    return content.capsule_id is not None and not content.in_feed
+
+
+def capsule_role_allows(capsule: Capsule, viewer: str) -> bool:
+    """The capsule's own part of the rule; the family part comes on top."""
+    if capsule.creator_id == viewer:
+        return True
+    return viewer in capsule.recipient_ids and capsule.status in VISIBLE_TO_RECIPIENTS
+
+
+async def _content(ctx: Context, content_id: str) -> Content | None:
+    if "#" in content_id:
+        return None
+    item = await ctx.loaders.item.load(keys.content(content_id))
+    return Content.from_item(item) if item else None
+
+
+async def _capsule(ctx: Context, capsule_id: str) -> Capsule | None:
+    if "#" in capsule_id:
+        return None
+    item = await ctx.loaders.item.load(keys.capsule(capsule_id))
+    return Capsule.from_item(item) if item else None
+
+
+async def _decide(ctx: Context, record: Record) -> bool:
+    viewer = await ctx.viewer_id()
+    if isinstance(record, Notification):
+        return record.user_id == viewer
+    if isinstance(record, Family):
+        return await membership(ctx, record.id) is not None
+    if isinstance(record, Membership):
+        return record.user_id == viewer or await reader(ctx, record.family_id) is not None
+    if isinstance(record, Content):
+        if is_sealed(record) and record.author_id != viewer:
+            return False
+        return await reader(ctx, record.family_id) is not None
+    if isinstance(record, Capsule):
+        return capsule_role_allows(record, viewer) and await reader(ctx, record.family_id) is not None
+    if isinstance(record, Recipient):
+        capsule = await _capsule(ctx, record.capsule_id)
+        return capsule is not None and await may_read(ctx, capsule)
+    if isinstance(record, Comment):
+        content = await _content(ctx, record.content_id)
+        return content is not None and await may_read(ctx, content)
+    if isinstance(record, Tag):
+        if record.private and record.author_id != viewer:
+            return False
+        content = await _content(ctx, record.content_id)
+        return content is not None and await may_read(ctx, content)
+    raise TypeError(f"no read rule for {type(record).__name__}")
+
+
+def _verdict_key(record: Record) -> tuple[object, ...]:
+    # The item's key and the state the rule reads: a record that changes within
+    # one operation (a capsule opening, content leaving its capsule) is decided anew.
+    if isinstance(record, Content):
+        return (Content, record.key, record.in_feed)
+    if isinstance(record, Capsule):
+        return (Capsule, record.key, record.status)
+    if isinstance(record, Membership):
+        return (Membership, record.key, record.role)
+    return (type(record), record.key)
+
+
+def cached_verdict(ctx: Context, record: Record) -> bool | None:
+    """The verdict this operation already reached for the record, if any."""
+    return ctx.loaders.verdicts.get(_verdict_key(record))
+
+
+async def may_read(ctx: Context, record: Record) -> bool:
+    """The rule: may the viewer read this record now?"""
+    key = _verdict_key(record)
+    verdicts = ctx.loaders.verdicts
+    found = verdicts.get(key)
+    if found is None:
+        found = await _decide(ctx, record)
+        verdicts[key] = found
+    return found
+
+
+async def readable(ctx: Context, records: Sequence[R]) -> list[R]:
+    """The records the viewer may read, in order; their reads share a batch."""
+    verdicts = await asyncio.gather(*(may_read(ctx, record) for record in records))
+    return [record for record, allowed in zip(records, verdicts, strict=True) if allowed]
+
+
+def refusal(record: Record) -> NotFound:
+    # One answer for "missing" and "not yours", so a refusal leaks nothing.
+    return not_found(GUARDED.get(type(record), "item"))
+
+
+async def require(ctx: Context, record: R | None, what: str) -> R:
+    """The record when the viewer may read it; NOT_FOUND otherwise."""
+    if record is None or not await may_read(ctx, record):
+        raise not_found(what)
+    return record

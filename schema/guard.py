@@ -1,0 +1,108 @@
+"""Where the read rule meets the schema: every operation and every field.
+
+`SignedIn` refuses an operation without a valid, unexpired token before any
+resolver runs, so nothing touches the store and no answer tells an existing id
+from a missing one. Only introspection is open to everyone.
+
+`ReadGuard` runs before each field of an object that wraps a store record and
+asks `resolvers.access.may_read` about that record. Resolvers already filter
+what they return; this is what makes a field added tomorrow, or a path that
+forgets, answer NOT_FOUND instead of leaking. A verdict is reached once per
+record per operation, so after the first field the check is a dict lookup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from graphql import ExecutionResult as GraphQLExecutionResult
+from graphql import (
+    FieldNode,
+    FragmentSpreadNode,
+    GraphQLError,
+    InlineFragmentNode,
+    SelectionSetNode,
+)
+from graphql.utilities import get_operation_ast
+from strawberry.extensions import SchemaExtension
+from strawberry.types.graphql import OperationType
+
+from resolvers import access
+from resolvers.context import Context
+from resolvers.errors import ApiError
+
+
+def _only_introspection(selection_set: SelectionSetNode, fragments: dict[str, Any], depth: int = 0) -> bool:
+    if depth > 20:
+        return False
+    for selection in selection_set.selections:
+        if isinstance(selection, FieldNode):
+            if not selection.name.value.startswith("__"):
+                return False
+        elif isinstance(selection, InlineFragmentNode):
+            if not _only_introspection(selection.selection_set, fragments, depth + 1):
+                return False
+        elif isinstance(selection, FragmentSpreadNode):
+            fragment = fragments.get(selection.name.value)
+            if fragment is None or not _only_introspection(fragment.selection_set, fragments, depth + 1):
+                return False
+    return True
+
+
+def is_introspection(execution_context: Any) -> bool:
+    document = execution_context.graphql_document
+    if document is None:
+        return False
+    operation = get_operation_ast(document, execution_context.operation_name)
+    if operation is None or operation.operation.value != "query":
+        return False
+    fragments = {d.name.value: d for d in document.definitions if hasattr(d, "type_condition")}
+    return _only_introspection(operation.selection_set, fragments)
+
+
+class SignedIn(SchemaExtension):
+    def on_execute(self) -> Iterator[None]:
+        execution_context = self.execution_context
+        context = execution_context.context
+        refusal: ApiError | None = None
+        if isinstance(context, Context) and not is_introspection(execution_context):
+            refusal = context.signed_in_error()
+        if refusal is not None:
+            if execution_context.operation_type is OperationType.SUBSCRIPTION:
+                # A subscription's on_execute error becomes its one result.
+                raise refusal
+            execution_context.result = GraphQLExecutionResult(
+                data=None, errors=[GraphQLError(refusal.message, original_error=refusal)]
+            )
+        yield
+
+
+class ReadGuard(SchemaExtension):
+    def resolve(self, _next: Callable[..., Any], root: Any, info: Any, *args: Any, **kwargs: Any) -> Any:
+        record = getattr(root, "item", None)
+        if record is None or type(record) not in access.GUARDED:
+            return _next(root, info, *args, **kwargs)
+        context: Context = info.context
+        verdict = access.cached_verdict(context, record)
+        if verdict is True:
+            return _next(root, info, *args, **kwargs)
+        if verdict is False:
+            raise access.refusal(record)
+        return self._checked(_next, root, info, args, kwargs)
+
+    async def _checked(
+        self,
+        _next: Callable[..., Any],
+        root: Any,
+        info: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        record = root.item
+        if not await access.may_read(info.context, record):
+            raise access.refusal(record)
+        result = _next(root, info, *args, **kwargs)
+        if isinstance(result, Awaitable):
+            return await result
+        return result
