@@ -8,11 +8,13 @@ python app.py create-table       create the DynamoDB table (safe to run twice)
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import logging
 import sys
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,6 +31,8 @@ from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
+from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
+from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 
 from resolvers.auth import TokenVerifier, media_secret, mint_token
 from resolvers.config import Settings
@@ -41,6 +45,68 @@ from store.blobs import LocalBlobStore
 from store.port import Table
 
 log = logging.getLogger("mifamilias")
+
+
+async def _close_when_expired(context: Context, close: Callable[[], Awaitable[None]]) -> None:
+    """Sleeps until the connection's token expires, then closes the socket."""
+    expires_at = context.claims.expires_at if context.claims else None
+    if expires_at is None:
+        return
+    await asyncio.sleep(max(0.0, expires_at - time.time()))
+    await close()
+
+
+class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
+    """graphql-transport-ws, closed with 4403 "token expired" when the token
+    that signed the connection in expires; nothing runs on it after that."""
+
+    expiry: asyncio.Task[None] | None = None
+
+    async def _expire(self) -> None:
+        await self.websocket.close(code=4403, reason="token expired")
+
+    async def handle_connection_init(self, message: Any) -> None:
+        await super().handle_connection_init(message)
+        if self.connection_acknowledged and self.expiry is None:
+            self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
+
+    async def handle_subscribe(self, message: Any) -> None:
+        if self.connection_acknowledged and self.context.signed_in_error() is not None:
+            await self._expire()
+            return
+        await super().handle_subscribe(message)
+
+    async def shutdown(self) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+        await super().shutdown()
+
+
+class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
+    """subscriptions-transport-ws (graphql-ws): `connection_error`, then close,
+    when the token expires."""
+
+    expiry: asyncio.Task[None] | None = None
+
+    async def _expire(self) -> None:
+        await self.send_message({"type": "connection_error", "payload": {"message": "token expired"}})
+        await self.websocket.close(code=4403, reason="token expired")
+
+    async def handle_connection_init(self, message: Any) -> None:
+        await super().handle_connection_init(message)
+        if self.connection_acknowledged and self.expiry is None:
+            self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
+
+    async def handle_start(self, message: Any) -> None:
+        if self.connection_acknowledged and self.context.signed_in_error() is not None:
+            await self._expire()
+            return
+        await super().handle_start(message)
+
+    async def cleanup(self) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+        await super().cleanup()
 
 
 class MiFamiliasGraphQL(GraphQL[Context, None]):
@@ -59,6 +125,9 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
             **kwargs,
         )
         self._services = services_ref
+
+    graphql_transport_ws_handler_class = TransportWSHandler
+    graphql_ws_handler_class = LegacyWSHandler
 
     def encode_json(self, data: object) -> str:
         # orjson is several times faster than json on results; a str keeps
