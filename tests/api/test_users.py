@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import jwt
 
 from tests.api.conftest import SECRET, Api
@@ -84,3 +86,43 @@ async def test_user_is_visible_only_to_relatives_and_email_only_to_oneself(api: 
     assert (await api.error('{ user(id: "ben") { id } }', as_="zoe"))[0] == "NOT_FOUND"
     assert (await api.error('{ user(id: "nobody") { id } }', as_="ana"))[0] == "NOT_FOUND"
     assert (await api.ok('{ user(id: "ana") { email } }', as_="ana"))["user"]["email"] == "ana@example.org"
+
+
+async def test_without_a_token_nothing_touches_the_store(api: Api) -> None:
+    await api.sign_in("ana")
+    api.table.reset()  # type: ignore[attr-defined]
+    for query in (
+        '{ content(id: "abc") { id } }',
+        '{ user(id: "x#USER") { id } }',
+        '{ family(id: "f") { name feed { edges { node { id } } } } }',
+        'mutation { joinFamily(inviteCode: "AAAAA-BBBBB") { role } }',
+        'mutation { updateProfile(input: {givenName: "X"}) { id } }',
+    ):
+        code, _ = await api.error(query, as_=None)
+        assert code == "UNAUTHENTICATED", query
+    assert dict(api.table.calls) == {}  # type: ignore[attr-defined]
+
+
+async def test_an_operation_on_a_connection_whose_token_expired_is_refused(api: Api) -> None:
+    """A WebSocket keeps its context for hours: an operation that arrives after
+    the token's expiry runs nothing, whatever the socket's state."""
+    from resolvers.context import Context
+    from schema import schema
+
+    await api.sign_in("ana")
+    context = Context(services=api.services)
+    await context.authenticate(f"Bearer {api.token('ana', ttl_seconds=3600)}")
+    assert context.claims is not None
+    first = await schema.execute(
+        'mutation { updateProfile(input: {givenName: "Antes"}) { givenName } }', context_value=context
+    )
+    assert first.errors is None
+    # The same connection, an hour later: the token has expired.
+    object.__setattr__(context.claims, "expires_at", time.time() - 1)
+    later = await schema.execute(
+        'mutation { updateProfile(input: {givenName: "Después"}) { givenName } }', context_value=context
+    )
+    assert later.errors and later.errors[0].extensions == {"code": "UNAUTHENTICATED"}
+    assert later.errors[0].message == "the token has expired"
+    me = await api.ok("{ me { givenName } }", as_="ana")
+    assert me["me"]["givenName"] == "Antes"
