@@ -8,18 +8,14 @@ python app.py create-table       create the DynamoDB table (safe to run twice)
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import gc
 import logging
 import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import datetime
 
-import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -27,143 +23,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
-from starlette.websockets import WebSocket
-from strawberry.asgi import GraphQL
-from strawberry.exceptions import ConnectionRejectionError
-from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
-from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
-from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 
 from resolvers.auth import TokenVerifier, media_secret, mint_token
 from resolvers.config import Settings
-from resolvers.context import Context, Services, utc_now
+from resolvers.context import Services, utc_now
 from resolvers.cursors import CursorSigner
 from resolvers.media_http import media_routes
 from resolvers.runtime import start_background
 from schema.graphiql import STATIC_DIR
+from schema.transport import MiFamiliasGraphQL
 from store.blobs import LocalBlobStore
 from store.port import Table
 
 log = logging.getLogger("mifamilias")
-
-
-async def _close_when_expired(context: Context, close: Callable[[], Awaitable[None]]) -> None:
-    """Sleeps until the connection's token expires, then closes the socket."""
-    expires_at = context.claims.expires_at if context.claims else None
-    if expires_at is None:
-        return
-    await asyncio.sleep(max(0.0, expires_at - time.time()))
-    await close()
-
-
-class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
-    """graphql-transport-ws, closed with 4403 "token expired" when the token
-    that signed the connection in expires; nothing runs on it after that."""
-
-    expiry: asyncio.Task[None] | None = None
-
-    async def _expire(self) -> None:
-        await self.websocket.close(code=4403, reason="token expired")
-
-    async def handle_connection_init(self, message: Any) -> None:
-        await super().handle_connection_init(message)
-        if self.connection_acknowledged and self.expiry is None:
-            self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
-
-    async def handle_subscribe(self, message: Any) -> None:
-        if self.connection_acknowledged and self.context.signed_in_error() is not None:
-            await self._expire()
-            return
-        await super().handle_subscribe(message)
-
-    async def shutdown(self) -> None:
-        if self.expiry is not None:
-            self.expiry.cancel()
-        await super().shutdown()
-
-
-class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
-    """subscriptions-transport-ws (graphql-ws): `connection_error`, then close,
-    when the token expires."""
-
-    expiry: asyncio.Task[None] | None = None
-
-    async def _expire(self) -> None:
-        await self.send_message({"type": "connection_error", "payload": {"message": "token expired"}})
-        await self.websocket.close(code=4403, reason="token expired")
-
-    async def handle_connection_init(self, message: Any) -> None:
-        await super().handle_connection_init(message)
-        if self.connection_acknowledged and self.expiry is None:
-            self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
-
-    async def handle_start(self, message: Any) -> None:
-        if self.connection_acknowledged and self.context.signed_in_error() is not None:
-            await self._expire()
-            return
-        await super().handle_start(message)
-
-    async def cleanup(self) -> None:
-        if self.expiry is not None:
-            self.expiry.cancel()
-        await super().cleanup()
-
-
-class MiFamiliasGraphQL(GraphQL[Context, None]):
-    """Strawberry's ASGI view with our context: a fresh one (and fresh loaders)
-    per HTTP request and per WebSocket connection."""
-
-    def __init__(self, services_ref: Callable[[], Services], **kwargs: Any) -> None:
-        from schema import schema
-
-        super().__init__(
-            schema,
-            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
-            keep_alive=True,
-            keep_alive_interval=15,
-            connection_init_wait_timeout=timedelta(seconds=10),
-            **kwargs,
-        )
-        self._services = services_ref
-
-    graphql_transport_ws_handler_class = TransportWSHandler
-    graphql_ws_handler_class = LegacyWSHandler
-
-    def encode_json(self, data: object) -> str:
-        # orjson is several times faster than json on results; a str keeps
-        # WebSocket frames textual, as graphql-ws clients expect.
-        return orjson.dumps(data).decode()
-
-    def decode_json(self, data: str | bytes) -> object:
-        return orjson.loads(data)
-
-    @property
-    def graphql_ide_html(self) -> str:
-        from schema.graphiql import GRAPHIQL_HTML
-
-        return GRAPHIQL_HTML
-
-    async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
-        context = Context(services=self._services(), request=request, response=response)
-        if isinstance(request, Request):
-            await context.authenticate(request.headers.get("authorization"))
-        return context
-
-    async def on_ws_connect(self, context: Context) -> Any:
-        params = context.connection_params or {}
-        authorization = params.get("Authorization") or params.get("authorization")
-        if not isinstance(authorization, str):
-            raise ConnectionRejectionError({"message": "sign in: send Authorization in connection_init"})
-        await context.authenticate(authorization)
-        if context.claims is None:
-            message = context.auth_error.message if context.auth_error else "not signed in"
-            raise ConnectionRejectionError({"message": message})
-        try:
-            await context.viewer_id()
-        except Exception as error:  # the store is down: refuse rather than half-open
-            log.exception("could not load the viewer for a WebSocket (request %s)", context.request_id)
-            raise ConnectionRejectionError({"message": "try again later"}) from error
-        return None
 
 
 @dataclass
@@ -234,7 +106,7 @@ def create_app(
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    graphql = MiFamiliasGraphQL(services)
+    graphql = MiFamiliasGraphQL(services, max_body_bytes=settings.max_body_bytes)
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/graphql", graphql, methods=["GET", "POST"]),
@@ -267,7 +139,14 @@ def _serve(settings: Settings) -> None:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, ws_per_message_deflate=False)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        ws_per_message_deflate=False,
+        # A WebSocket frame is bounded like a request body.
+        ws_max_size=settings.max_body_bytes,
+    )
 
 
 def _token(settings: Settings, args: argparse.Namespace) -> None:

@@ -10,14 +10,13 @@ import strawberry
 from strawberry.extensions import (
     MaxAliasesLimiter,
     MaxTokensLimiter,
-    ParserCache,
     QueryDepthLimiter,
     SchemaExtension,
     ValidationCache,
 )
 
 from resolvers.context import Context
-from schema.errors import ContractErrors
+from schema.errors import CodedParserCache, ContractErrors
 from schema.guard import ReadGuard, SignedIn
 from schema.mutation import Mutation
 from schema.query import Query
@@ -64,7 +63,7 @@ def build_schema() -> strawberry.Schema:
             QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]
             MaxAliasesLimiter(max_alias_count=MAX_ALIASES),  # type: ignore[list-item]
             MaxTokensLimiter(max_token_count=MAX_TOKENS),  # type: ignore[list-item]
-            lambda: ParserCache(maxsize=DOCUMENT_CACHE),
+            lambda: CodedParserCache(maxsize=DOCUMENT_CACHE),
             lambda: ValidationCache(maxsize=DOCUMENT_CACHE),
         ],
     )
