@@ -46,7 +46,7 @@ class Settings:
     public_url: str | None = None
     max_upload_bytes: int = 500 * 1024 * 1024
     max_body_bytes: int = 1024 * 1024
-    max_query_cost: int = 10_000
+    max_query_cost: int = 5_000
     operation_deadline_seconds: float = 10.0
     pipeline_workers: int = 2
     archive_after_days: int = 90
@@ -80,7 +80,7 @@ class Settings:
             public_url=_str(env, "PUBLIC_URL"),
             max_upload_bytes=_int(env, "MAX_UPLOAD_BYTES", 500 * 1024 * 1024),
             max_body_bytes=_int(env, "MAX_BODY_BYTES", 1024 * 1024),
-            max_query_cost=_int(env, "MAX_QUERY_COST", 10_000),
+            max_query_cost=_int(env, "MAX_QUERY_COST", 5_000),
             operation_deadline_seconds=_float(env, "OPERATION_DEADLINE_SECONDS", 10.0),
             pipeline_workers=_int(env, "PIPELINE_WORKERS", 2),
             archive_after_days=_int(env, "ARCHIVE_AFTER_DAYS", 90),

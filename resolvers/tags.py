@@ -109,6 +109,7 @@ from store.port import (
 
 MAX_TAGS = 10  # per author per content
 MAX_VALUE = 50
+MAX_PREFIX = 100  # a search prefix; longer ones could never match a value
 MAX_SET_NAME = 64
 MAX_VALUES_SENT = 100  # more than this is refused before any work
 MAX_KEY_BYTES = 512  # a normalized value in a sort key (DynamoDB allows 1024 bytes per key)
@@ -195,6 +196,8 @@ def clean_set_name(raw: str) -> str:
 
 def clean_prefix(raw: str) -> str:
     """The escaped search form of a prefix; "" when nothing is left."""
+    if len(raw) > MAX_PREFIX:
+        raise BadInput(f"prefix must be at most {MAX_PREFIX} characters")
     _refuse_controls(raw, "prefix")
     return key_form(search_form(raw).lstrip())
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import strawberry
+from graphql import GraphQLError
 from strawberry.extensions import (
     MaxAliasesLimiter,
     MaxTokensLimiter,
@@ -14,8 +16,11 @@ from strawberry.extensions import (
     SchemaExtension,
     ValidationCache,
 )
+from strawberry.types import ExecutionResult
 
 from resolvers.context import Context
+from resolvers.errors import BadInput
+from schema.cost import QueryCost
 from schema.errors import CodedParserCache, ContractErrors
 from schema.guard import ReadGuard, SignedIn
 from schema.mutation import Mutation
@@ -43,6 +48,32 @@ class FreshLoaders(SchemaExtension):
 
 
 class MiFamiliasSchema(strawberry.Schema):
+    async def execute(self, query: str | None, *args: Any, **kwargs: Any) -> ExecutionResult:
+        """A query or mutation runs within the operation deadline
+        (`MIFAMILIAS_OPERATION_DEADLINE_SECONDS`); past it, it is stopped and
+        answered with a clear error. Writes are conditional or transactional,
+        so one stopped between two writes leaves each write whole."""
+        context = kwargs.get("context_value", args[1] if len(args) > 1 else None)
+        deadline = (
+            context.services.settings.operation_deadline_seconds if isinstance(context, Context) else None
+        )
+        if not deadline:
+            return await super().execute(query, *args, **kwargs)
+        try:
+            async with asyncio.timeout(deadline):
+                return await super().execute(query, *args, **kwargs)
+        except TimeoutError:
+            error = BadInput(
+                f"the operation took longer than {deadline:g} s and was stopped; "
+                "ask for less (smaller pages, fewer nested lists)"
+            )
+            return ExecutionResult(
+                data=None,
+                errors=[
+                    GraphQLError(error.message, extensions={"code": error.code, "deadlineSeconds": deadline})
+                ],
+            )
+
     def process_errors(self, errors: Any, execution_context: Any = None) -> None:
         # ContractErrors logs what is unexpected, with the request id; the
         # rest (bad input, refusals) is the client's business, not a log line.
@@ -58,6 +89,7 @@ def build_schema() -> strawberry.Schema:
             ContractErrors,
             FreshLoaders,
             SignedIn,
+            QueryCost,
             ReadGuard,
             # Instances are accepted at run time; the annotation only names classes.
             QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]
