@@ -49,6 +49,8 @@ class Settings:
     max_query_cost: int = 5_000
     operation_deadline_seconds: float = 10.0
     pipeline_workers: int = 2
+    pipeline_lease_seconds: float = 60.0
+    pipeline_recovery_seconds: float = 30.0
     archive_after_days: int = 90
     capsule_retention_days: int = 365
     transcribe_bucket: str | None = None
@@ -83,6 +85,8 @@ class Settings:
             max_query_cost=_int(env, "MAX_QUERY_COST", 5_000),
             operation_deadline_seconds=_float(env, "OPERATION_DEADLINE_SECONDS", 10.0),
             pipeline_workers=_int(env, "PIPELINE_WORKERS", 2),
+            pipeline_lease_seconds=_float(env, "PIPELINE_LEASE_SECONDS", 60.0),
+            pipeline_recovery_seconds=_float(env, "PIPELINE_RECOVERY_SECONDS", 30.0),
             archive_after_days=_int(env, "ARCHIVE_AFTER_DAYS", 90),
             capsule_retention_days=_int(env, "CAPSULE_RETENTION_DAYS", 365),
             transcriber=_str(env, "TRANSCRIBER"),

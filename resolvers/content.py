@@ -7,6 +7,7 @@ import asyncio
 import secrets
 import unicodedata
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from resolvers import access, families, notifications
@@ -17,7 +18,17 @@ from resolvers.pagination import ItemPage, query_page
 from resolvers.validation import clean_mime_type, clean_optional, clean_text
 from store import keys
 from store.blobs import BlobStore
-from store.items import Capsule, Comment, Content, Membership, Notification, Reaction, iso, reaction_attr
+from store.items import (
+    IN_PIPELINE,
+    Capsule,
+    Comment,
+    Content,
+    Membership,
+    Notification,
+    Reaction,
+    iso,
+    reaction_attr,
+)
 from store.port import (
     ConditionFailed,
     Delete,
@@ -252,13 +263,22 @@ async def _to_pipeline(ctx: Context, content: Content) -> None:
 
 
 async def retry_content(ctx: Context, content_id: str) -> Content:
+    """FAILED content, or content whose processing stopped (its worker's lease
+    ran out with nobody picking it up), goes back to PROCESSING."""
     content = await _own_content(ctx, content_id)
-    if content.status != "FAILED":
-        raise Conflict(f"only FAILED content can be retried (status {content.status})")
+    now = ctx.services.now_iso()
+    move = content.transition("PROCESSING", now, failureReason=None, leaseUntil=None, leaseOwner=None)
+    if content.status in IN_PIPELINE:
+        item = await ctx.loaders.item.load(content.key)
+        lease = (item or {}).get("leaseUntil")
+        if lease is None or lease > now:
+            raise Conflict(f"the content is being processed (status {content.status}); wait for it")
+        # Only while the lease is still the expired one read here.
+        move = replace(move, condition=all_of(eq("status", content.status), eq("leaseUntil", lease)))
+    elif content.status != "FAILED":
+        raise Conflict(f"only FAILED or stalled content can be retried (status {content.status})")
     try:
-        item = await ctx.table.update(
-            content.transition("PROCESSING", ctx.services.now_iso(), failureReason=None)
-        )
+        item = await ctx.table.update(move)
     except ConditionFailed as error:
         raise Conflict("the content changed meanwhile") from error
     ctx.loaders.remember(item)

@@ -15,16 +15,23 @@ Errors are :class:`MediaError`: ``str(error)`` is a short sentence fit to show a
 from __future__ import annotations
 
 import asyncio
+import codecs
+import concurrent.futures
+import concurrent.futures.process
 import contextlib
 import functools
+import multiprocessing
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import imageio_ffmpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+T = TypeVar("T")
 
 __all__ = [
     "PHOTO_MAX_SIDE",
@@ -34,6 +41,7 @@ __all__ = [
     "Probe",
     "check_kind",
     "check_photo",
+    "check_text",
     "probe",
     "transcode_audio",
     "transcode_photo",
@@ -59,6 +67,12 @@ VIDEO_MAXRATE = "4M"
 VIDEO_BUFSIZE = "8M"
 AUDIO_BITRATE = "128k"
 PHOTO_QUALITY = 85
+# Larger photos fail before they are decoded: 40 MP is a 7,700 × 5,200 picture,
+# more than any phone takes, and decodes in about 160 MB (RGBA).
+MAX_PHOTO_PIXELS = 40_000_000
+PHOTO_WORKERS = 2
+_TEXT_CHUNK_BYTES = 1 << 16
+_RESIZABLE_MODES = frozenset({"RGB", "RGBA", "L", "LA", "CMYK"})
 THUMBNAIL_QUALITY = 80
 
 _STDERR_HEAD_BYTES = 1 << 20  # probe output is read from the top
@@ -496,14 +510,27 @@ async def transcode_audio(
 
 
 def _open_image(src: Path, *, draft_size: tuple[int, int] | None = None) -> Image.Image:
-    """Open and fully decode an image; ``draft_size`` lets JPEG decode at a reduced scale."""
+    """Open and fully decode an image; ``draft_size`` lets JPEG decode at a reduced scale.
+
+    The pixel count is read from the header and checked before anything is
+    decoded: a photo over ``MAX_PHOTO_PIXELS`` fails at once, whatever its file size.
+    """
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(src)
+            width, height = img.size
+            if width * height > MAX_PHOTO_PIXELS:
+                img.close()
+                raise MediaError(
+                    f"the photo is {width}×{height} pixels; at most "
+                    f"{MAX_PHOTO_PIXELS // 1_000_000} megapixels are accepted"
+                )
             if draft_size is not None:
                 img.draft(None, draft_size)
             img.load()
+    except MediaError:
+        raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise MediaError("the photo is too large", detail=repr(exc)) from exc
     except UnidentifiedImageError as exc:
@@ -536,6 +563,11 @@ def _transcode_photo_sync(src: Path, dst_jpg: Path, dst_thumb_jpg: Path) -> None
     # A square draft box keeps every side >= PHOTO_MAX_SIDE whatever the EXIF orientation.
     with _open_image(src, draft_size=(PHOTO_MAX_SIDE, PHOTO_MAX_SIDE)) as opened:
         try:
+            # Shrink first (reduce() steps, then a resampling filter), so the
+            # rotation and colour conversions below work on the small picture.
+            # Palette and 16-bit pictures resize well only once converted.
+            if opened.mode in _RESIZABLE_MODES:
+                opened.thumbnail((PHOTO_MAX_SIDE, PHOTO_MAX_SIDE), Image.Resampling.LANCZOS, reducing_gap=3.0)
             img = ImageOps.exif_transpose(opened)
             icc = img.info.get("icc_profile") if img.mode in ("RGB", "RGBA", "P") else None
             img = _to_rgb(img)
@@ -552,9 +584,47 @@ def _transcode_photo_sync(src: Path, dst_jpg: Path, dst_thumb_jpg: Path) -> None
             raise MediaError("the photo could not be converted", detail=repr(exc)) from exc
 
 
+def _check_text_sync(src: Path) -> None:
+    """UTF-8, checked while reading: memory stays one chunk, whatever the size."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with src.open("rb") as stream:
+            while chunk := stream.read(_TEXT_CHUNK_BYTES):
+                decoder.decode(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:
+        raise MediaError("the file is not UTF-8 text", detail=repr(exc)) from exc
+
+
+@functools.cache
+def _photo_pool() -> concurrent.futures.ProcessPoolExecutor:
+    """Photos decode in child processes, one photo per child: the decoder's
+    memory goes back to the system when the child exits, and a crash in a
+    codec cannot take the server with it."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return concurrent.futures.ProcessPoolExecutor(
+        max_workers=PHOTO_WORKERS, mp_context=context, max_tasks_per_child=1
+    )
+
+
+async def _in_photo_process(function: Callable[..., T], *args: Any) -> T:
+    loop = asyncio.get_running_loop()
+    try:
+        return await loop.run_in_executor(_photo_pool(), function, *args)
+    except concurrent.futures.process.BrokenProcessPool as exc:
+        _photo_pool.cache_clear()
+        raise MediaError("the photo could not be processed", detail=repr(exc)) from exc
+
+
+async def check_text(src: Path) -> None:
+    """Check that ``src`` is UTF-8 text, off the event loop and in bounded memory."""
+    await asyncio.to_thread(_check_text_sync, src)
+
+
 async def check_photo(src: Path) -> tuple[int, int]:
     """Check that Pillow can read ``src`` as an image; return its (width, height) upright."""
-    return await asyncio.to_thread(_check_photo_sync, src)
+    return await _in_photo_process(_check_photo_sync, src)
 
 
 async def transcode_photo(src: Path, dst_jpg: Path, dst_thumb_jpg: Path) -> None:
@@ -563,4 +633,4 @@ async def transcode_photo(src: Path, dst_jpg: Path, dst_thumb_jpg: Path) -> None
     EXIF orientation is applied; EXIF itself (location, device) is not copied; an ICC colour
     profile is kept. Transparent areas become white. Never upscales.
     """
-    await asyncio.to_thread(_transcode_photo_sync, src, dst_jpg, dst_thumb_jpg)
+    await _in_photo_process(_transcode_photo_sync, src, dst_jpg, dst_thumb_jpg)

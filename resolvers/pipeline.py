@@ -5,7 +5,10 @@ write per move, and the archive sweep.
 Work arrives on a bounded queue, so a request never waits for media. Content
 left mid-pipeline (a crash, a restart, a full queue) is found again through the
 PIPELINE partition of GSI2; a lease on the item keeps two processes from
-working on the same content at once.
+working on the same content at once. The lease is short (a minute by default)
+and the worker renews it while it works, so a long transcode keeps its content
+while a process that died lets go of it within one lease: the next recovery
+pass, on any process, resumes it.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -42,7 +46,6 @@ from store.port import (
 
 log = logging.getLogger("mifamilias.pipeline")
 
-LEASE = timedelta(minutes=15)
 QUEUE_SIZE = 100
 
 
@@ -65,6 +68,9 @@ class Pipeline:
         self.queue: asyncio.Queue[str] = asyncio.Queue(QUEUE_SIZE)
         self._tasks: list[asyncio.Task[None]] = []
         self._queued: set[str] = set()
+        self.lease = timedelta(seconds=services.settings.pipeline_lease_seconds)
+        # Whose lease it is: renewals and releases touch only this process's own.
+        self.owner = uuid.uuid4().hex
 
     @property
     def blobs(self) -> BlobStore:
@@ -141,16 +147,42 @@ class Pipeline:
         claimed = await self._claim(content_id)
         if claimed is None:
             return
-        with tempfile.TemporaryDirectory(prefix="mifamilias-") as workdir:
+        heartbeat = asyncio.create_task(self._renew(content_id))
+        try:
+            with tempfile.TemporaryDirectory(prefix="mifamilias-") as workdir:
+                try:
+                    await self._walk(Content.from_item(claimed), claimed, Path(workdir))
+                except (media.MediaError, TranscriptionError) as error:
+                    detail = getattr(error, "detail", None)
+                    log.info("content %s failed: %s %s", content_id, error, detail or "")
+                    await self._fail(content_id, str(error))
+                except Exception:
+                    log.exception("pipeline: content %s failed unexpectedly", content_id)
+                    await self._fail(content_id, "processing failed unexpectedly; retry later")
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    async def _renew(self, content_id: str) -> None:
+        """Keeps the lease while the work goes on: a third of it at a time."""
+        while True:
+            await asyncio.sleep(self.lease.total_seconds() / 3)
             try:
-                await self._walk(Content.from_item(claimed), claimed, Path(workdir))
-            except (media.MediaError, TranscriptionError) as error:
-                detail = getattr(error, "detail", None)
-                log.info("content %s failed: %s %s", content_id, error, detail or "")
-                await self._fail(content_id, str(error))
+                await self.table.update(
+                    Update(
+                        keys.content(content_id),
+                        set={"leaseUntil": iso(self.services.now() + self.lease)},
+                        condition=all_of(
+                            eq("leaseOwner", self.owner),
+                            any_of(*(eq("status", status) for status in IN_PIPELINE)),
+                        ),
+                    )
+                )
+            except ConditionFailed:
+                return  # done, gone, or no longer ours
             except Exception:
-                log.exception("pipeline: content %s failed unexpectedly", content_id)
-                await self._fail(content_id, "processing failed unexpectedly; retry later")
+                log.exception("pipeline: could not renew the lease of content %s", content_id)
 
     async def _claim(self, content_id: str) -> Item | None:
         now = self.services.now()
@@ -158,7 +190,7 @@ class Pipeline:
             item = await self.table.update(
                 Update(
                     keys.content(content_id),
-                    set={"leaseUntil": iso(now + LEASE)},
+                    set={"leaseUntil": iso(now + self.lease), "leaseOwner": self.owner},
                     condition=all_of(
                         any_of(
                             eq("status", "PROCESSING"),
@@ -181,6 +213,7 @@ class Pipeline:
         at = iso(self.services.now())
         if to not in IN_PIPELINE:
             changes["leaseUntil"] = None
+            changes["leaseOwner"] = None
         item = await self.table.update(content.transition(to, at, **changes))
         moved = Content.from_item(item)
         await publish_status(self.broker, moved)
@@ -217,10 +250,7 @@ class Pipeline:
 
     async def _check(self, content: Content, source: Path) -> None:
         if content.type == "TEXT":
-            try:
-                (await asyncio.to_thread(source.read_bytes)).decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise media.MediaError("the file is not UTF-8 text") from error
+            await media.check_text(source)
             return
         if content.type == "PHOTO":
             await media.check_photo(source)

@@ -18,7 +18,6 @@ from store.blobs import BlobStore, LocalBlobStore
 
 log = logging.getLogger("mifamilias.runtime")
 
-RECOVERY_SECONDS = 60.0
 ARCHIVE_SWEEP_SECONDS = 600.0
 
 
@@ -93,7 +92,7 @@ async def start_background(
     tasks = [
         asyncio.create_task(every(ARCHIVE_SWEEP_SECONDS, "capsule retention sweep", archive_capsules)),
         asyncio.create_task(every(settings.unlock_poll_seconds, "unlock scheduler", scheduler.run_once)),
-        asyncio.create_task(every(RECOVERY_SECONDS, "pipeline recovery", pipeline.recover)),
+        asyncio.create_task(every(settings.pipeline_recovery_seconds, "pipeline recovery", pipeline.recover)),
         asyncio.create_task(
             every(
                 ARCHIVE_SWEEP_SECONDS,

@@ -12,7 +12,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,29 @@ def running_moto_server(log_dir: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextlib.asynccontextmanager
+async def engine_env(engine: str, request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]]:
+    """The environment that puts a server process on an engine: SQLite (the
+    default, in its data directory), or a fresh table on the session's
+    moto_server. Server processes given the same environment share the store."""
+    if engine == "sqlite":
+        yield {}
+        return
+    from store.dynamodb import DynamoTable, create_table, open_dynamo_table
+
+    moto_url = request.getfixturevalue("moto_server")
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    async with open_dynamo_table(name, moto_url, "us-east-1") as table:
+        assert isinstance(table, DynamoTable)
+        await create_table(table.client, name)
+        try:
+            yield {
+                "MIFAMILIAS_DYNAMODB_ENDPOINT": moto_url,
+                "MIFAMILIAS_AWS_REGION": "us-east-1",
+                "MIFAMILIAS_TABLE_NAME": name,
+                "MIFAMILIAS_UNLOCK_SHARDS": "1",
+            }
+        finally:
+            await table.client.delete_table(TableName=name)

@@ -18,8 +18,7 @@ import pytest
 import websockets
 
 from resolvers.auth import mint_token
-from store.dynamodb import DynamoTable, create_table, open_dynamo_table
-from tests.servers import SECRET, ServerProcess
+from tests.servers import SECRET, ServerProcess, engine_env
 
 GRAPHQL_TRANSPORT_WS = "graphql-transport-ws"
 LEGACY_WS = "graphql-ws"
@@ -33,30 +32,12 @@ def token(user: str, **claims: Any) -> str:
 @pytest.fixture(params=["sqlite", "dynamodb"])
 async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ServerProcess]:
     env = {"MIFAMILIAS_AUTH_SECRET": SECRET, "MIFAMILIAS_UNLOCK_POLL_SECONDS": "0.3"}
-    if request.param == "sqlite":
-        process = ServerProcess(tmp_path / "data", env).start()
+    async with engine_env(request.param, request) as engine:
+        process = ServerProcess(tmp_path / "data", env | engine).start()
         try:
             yield process
         finally:
             process.stop()
-        return
-    moto_url = request.getfixturevalue("moto_server")
-    name = f"privacy-{uuid.uuid4().hex[:8]}"
-    async with open_dynamo_table(name, moto_url, "us-east-1") as table:
-        assert isinstance(table, DynamoTable)
-        await create_table(table.client, name)
-        env |= {
-            "MIFAMILIAS_DYNAMODB_ENDPOINT": moto_url,
-            "MIFAMILIAS_AWS_REGION": "us-east-1",
-            "MIFAMILIAS_TABLE_NAME": name,
-            "MIFAMILIAS_UNLOCK_SHARDS": "1",
-        }
-        process = ServerProcess(tmp_path / "data", env).start()
-        try:
-            yield process
-        finally:
-            process.stop()
-            await table.client.delete_table(TableName=name)
 
 
 async def post(

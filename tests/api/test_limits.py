@@ -1,0 +1,127 @@
+"""Limits that hold before anything runs, counted through the port, and work
+that stays bounded: the query cost, request and variable sizes, the operation
+deadline, photos over the pixel cap and text checked as it streams."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.api.conftest import Api
+from tests.factories import family_with_members, settle, upload
+
+# Limits before anything runs, counted through the port --------------------------------------
+
+
+def amplification() -> str:
+    """Four aliased feeds of 100, each wrapping six more: depth and aliases
+    within the limits, an answer of millions of objects."""
+    inner = " ".join(
+        f"f{n}: feed(first: 100) {{ edges {{ node {{ id title author {{ givenName }} }} }} }}"
+        for n in range(6)
+    )
+    outer = " ".join(
+        f"a{n}: feed(first: 100) {{ edges {{ node {{ id family {{ {inner} }} }} }} }}" for n in range(4)
+    )
+    return f"query($id: ID!) {{ family(id: $id) {{ {outer} }} }}"
+
+
+async def test_the_amplification_query_is_refused_before_any_store_call(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", [])
+    await api.sign_in("ana")
+    api.table.reset()  # type: ignore[attr-defined]
+    body = await api.post(amplification(), {"id": family_id}, as_="ana")
+    assert dict(api.table.calls) == {}  # type: ignore[attr-defined]
+    error = body["errors"][0]
+    assert error["extensions"]["code"] == "BAD_USER_INPUT"
+    assert error["extensions"]["cost"]["limit"] == 5000
+    assert error["extensions"]["cost"]["estimated"] > 500_000
+    assert body["data"] is None
+
+
+async def test_the_default_budget_admits_a_rich_feed_page(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    for n in range(3):
+        await upload(api, "ben", family_id, "TEXT", b"hola", "text/plain", title=f"nota {n}")
+    await settle(api)
+    query = """query($id: ID!) { family(id: $id) { name feed(first: 20) { edges { node {
+      id title author { givenName } reactions { emoji count } viewerReactions commentCount
+      tags { value author { givenName } } comments(first: 3) { edges { node { body author { givenName } } } }
+    } } pageInfo { hasNextPage endCursor } } } }"""
+    data = await api.ok(query, {"id": family_id}, as_="ana")
+    assert len(data["family"]["feed"]["edges"]) == 3
+
+
+async def test_a_huge_body_is_refused_before_any_store_call(api: Api) -> None:
+    await api.sign_in("ana")
+    api.table.reset()  # type: ignore[attr-defined]
+    ids = ",".join(['"x"'] * 300_000)
+    body = f'{{"query": "mutation($ids: [ID!]) {{ markNotificationsRead(ids: $ids) }}", "variables": {{"ids": [{ids}]}}}}'
+    response = await api.client.post(
+        "/graphql",
+        content=body.encode(),
+        headers={"Authorization": f"Bearer {api.token('ana')}", "Content-Type": "application/json"},
+    )
+    assert response.status_code == 413
+    assert dict(api.table.calls) == {}  # type: ignore[attr-defined]
+
+
+async def test_list_variables_and_search_prefixes_are_bounded(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", [])
+    await api.sign_in("ana")
+    api.table.reset()  # type: ignore[attr-defined]
+    code, message = await api.error(
+        "mutation($ids: [ID!]) { markNotificationsRead(ids: $ids) }", {"ids": ["n"] * 101}, as_="ana"
+    )
+    assert code == "BAD_USER_INPUT" and "$ids" in message and "100" in message
+    assert dict(api.table.calls) == {}  # type: ignore[attr-defined]
+    code, message = await api.error(
+        "query($f: ID!, $p: String!) { searchTags(familyId: $f, prefix: $p) { edges { node { value } } } }",
+        {"f": family_id, "p": "a" * 101},
+        as_="ana",
+    )
+    assert code == "BAD_USER_INPUT" and "prefix" in message
+
+
+async def test_an_operation_past_its_deadline_is_stopped_with_a_clear_error(api: Api) -> None:
+    from dataclasses import replace
+
+    family_id = await family_with_members(api, "ana", [])
+    services = api.services
+    services.settings = replace(services.settings, operation_deadline_seconds=0.05)
+    api.table.latency = 0.2  # type: ignore[attr-defined]  # each store call takes longer than the deadline
+    code, message = await api.error(
+        "query($id: ID!) { family(id: $id) { name } }", {"id": family_id}, as_="ana"
+    )
+    api.table.latency = 0  # type: ignore[attr-defined]
+    assert code == "BAD_USER_INPUT" and "longer than 0.05 s" in message
+
+
+async def test_a_photo_over_the_pixel_cap_fails_with_a_reason(api: Api, tmp_path: Path) -> None:
+    from PIL import Image
+
+    family_id = await family_with_members(api, "ana", [])
+    path = tmp_path / "huge.png"
+    Image.new("L", (8000, 6000)).save(path, optimize=True)  # 48 MP, a few hundred KB on disk
+    content_id = await upload(api, "ana", family_id, "PHOTO", path.read_bytes(), "image/png")
+    await settle(api)
+    data = await api.ok(
+        "query($id: ID!) { content(id: $id) { status failureReason } }", {"id": content_id}, as_="ana"
+    )
+    assert data["content"]["status"] == "FAILED"
+    assert (
+        "8000×6000" in data["content"]["failureReason"]
+        and "40 megapixels" in data["content"]["failureReason"]
+    )
+
+
+async def test_text_is_checked_as_it_streams(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", [])
+    good = ("ñandú " * 50_000).encode()  # multi-byte characters across chunk boundaries
+    bad = good[:200_000] + b"\xff" + good[:10]
+    ok_id = await upload(api, "ana", family_id, "TEXT", good, "text/plain")
+    bad_id = await upload(api, "ana", family_id, "TEXT", bad, "text/plain")
+    await settle(api)
+    query = "query($id: ID!) { content(id: $id) { status failureReason } }"
+    assert (await api.ok(query, {"id": ok_id}, as_="ana"))["content"]["status"] == "READY"
+    failed = (await api.ok(query, {"id": bad_id}, as_="ana"))["content"]
+    assert failed == {"status": "FAILED", "failureReason": "the file is not UTF-8 text"}

@@ -1,0 +1,264 @@
+"""No single request stalls the server: clean refusals over real HTTP and real
+WebSockets, limits that hold before anything runs, and a pipeline that
+survives a SIGKILL mid-transcode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+
+from resolvers.auth import mint_token
+from tests import media_factory
+from tests.servers import SECRET, ServerProcess, engine_env
+
+ANA = mint_token(SECRET, "ana", given_name="Ana")
+
+
+def no_traceback(server: ServerProcess) -> None:
+    log = server.log()
+    assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, seconds: float = 90) -> None:
+    deadline = time.monotonic() + seconds
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+# Clean refusals ---------------------------------------------------------------------
+
+
+async def test_bodies_that_are_not_graphql_requests_get_json_errors(live_server: ServerProcess) -> None:
+    url = f"{live_server.url}/graphql"
+    headers = {"Authorization": f"Bearer {ANA}", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(timeout=30) as client:
+        for body in (b'"x"', b"null", b"1", b"true", b"[1, 2]", b"not json", b"{"):
+            response = await client.post(url, content=body, headers=headers)
+            assert response.status_code == 400, (body, response.text)
+            error = response.json()["errors"][0]
+            assert error["extensions"]["code"] == "BAD_USER_INPUT" and error["message"], body
+        response = await client.post(url, content=b"{}", headers=headers)
+        assert response.status_code == 400 and "query" in response.json()["errors"][0]["message"]
+        response = await client.post(url, content=b"query", headers={**headers, "Content-Type": "text/plain"})
+        assert response.status_code == 400 and response.json()["errors"][0]["extensions"]["code"]
+        # A subscription needs a stream: plain HTTP says how to subscribe.
+        subscription = "subscription { notificationAdded { id } }"
+        for response in (
+            await client.post(url, json={"query": subscription}, headers=headers),
+            await client.get(url, params={"query": subscription}, headers=headers),
+        ):
+            assert response.status_code == 400, response.text
+            assert "WebSocket" in response.json()["errors"][0]["message"]
+        # Syntax errors carry the contract's code.
+        response = await client.post(url, json={"query": "{ me { "}, headers=headers)
+        assert response.json()["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT"
+        healthy = await client.get(f"{live_server.url}/healthz")
+        assert healthy.status_code == 200
+    no_traceback(live_server)
+
+
+async def test_a_body_over_the_limit_is_refused_while_it_is_read(live_server: ServerProcess) -> None:
+    url = f"{live_server.url}/graphql"
+    ids = ",".join(['"x"'] * 3_000_000)  # about 12 MB: 6 million entries would be 30 MB
+    body = f'{{"query": "query($ids: [ID!]) {{ me {{ id }} }}", "variables": {{"ids": [{ids}]}}}}'.encode()
+    headers = {"Authorization": f"Bearer {ANA}", "Content-Type": "application/json"}
+
+    async def chunks() -> AsyncIterator[bytes]:
+        # No Content-Length at all: the limit counts what arrives.
+        for start in range(0, len(body), 1 << 20):
+            yield body[start : start + (1 << 20)]
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        declared = await client.post(url, content=body, headers=headers)
+        streamed = await client.post(url, content=chunks(), headers=headers)
+        for response in (declared, streamed):
+            assert response.status_code == 413
+            error = response.json()["errors"][0]
+            assert error["extensions"] == {"code": "BAD_USER_INPUT", "maxBytes": 1024 * 1024}
+        assert (await client.get(f"{live_server.url}/healthz")).status_code == 200
+    no_traceback(live_server)
+
+
+async def _socket(server: ServerProcess, protocol: str) -> Any:
+    connection = await websockets.connect(server.ws_url, subprotocols=[protocol])  # type: ignore[list-item]
+    await connection.send(
+        json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {ANA}"}})
+    )
+    assert json.loads(await connection.recv())["type"] == "connection_ack"
+    return connection
+
+
+async def _closed_with(connection: Any) -> tuple[int, str]:
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        while True:
+            message = json.loads(await asyncio.wait_for(connection.recv(), 30))
+            assert message["type"] in ("ka", "ping"), message
+    assert closed.value.rcvd is not None
+    return closed.value.rcvd.code, closed.value.rcvd.reason
+
+
+@pytest.mark.parametrize("protocol", ["graphql-transport-ws", "graphql-ws"])
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "[1,2]",
+        '"x"',
+        "null",
+        '{"type": 1}',
+        '{"id": "1", "type": "subscribe", "payload": null}',
+        '{"id": "1", "type": "start", "payload": null}',
+        '{"id": "1", "type": "subscribe", "payload": {"query": 1}}',
+        '{"id": 2, "type": "subscribe", "payload": {"query": "{ me { id } }"}}',
+    ],
+)
+async def test_malformed_websocket_frames_close_with_4400(
+    live_server: ServerProcess, protocol: str, frame: str
+) -> None:
+    connection = await _socket(live_server, protocol)
+    await connection.send(frame)
+    assert await _closed_with(connection) == (4400, "malformed message")
+    no_traceback(live_server)
+
+
+async def test_a_websocket_frame_over_the_body_limit_closes_the_socket(live_server: ServerProcess) -> None:
+    connection = await websockets.connect(live_server.ws_url, subprotocols=["graphql-transport-ws"])  # type: ignore[list-item]
+    await connection.send(json.dumps({"type": "connection_init", "payload": {"pad": "x" * (2 << 20)}}))
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await asyncio.wait_for(connection.recv(), 30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
+    no_traceback(live_server)
+
+
+# A crash mid-transcode --------------------------------------------------------------------
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+async def engine(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]]:
+    async with engine_env(request.param, request) as env:
+        yield env
+
+
+def _pipeline_env(engine: dict[str, str], **more: str) -> dict[str, str]:
+    return {
+        "MIFAMILIAS_AUTH_SECRET": SECRET,
+        "MIFAMILIAS_PIPELINE_LEASE_SECONDS": "3",
+        "MIFAMILIAS_PIPELINE_RECOVERY_SECONDS": "0.5",
+        **engine,
+        **more,
+    }
+
+
+async def _gql(server: ServerProcess, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(
+            f"{server.url}/graphql",
+            json={"query": query, "variables": variables or {}},
+            headers={"Authorization": f"Bearer {ANA}"},
+        )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+async def _start_video(server: ServerProcess, video: Path) -> str:
+    made = await _gql(server, 'mutation { createFamily(input: {name: "Los Ruiz"}) { id } }')
+    family_id = made["data"]["createFamily"]["id"]
+    body = await asyncio.to_thread(video.read_bytes)
+    created = await _gql(
+        server,
+        "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id } } }",
+        {"i": {"familyId": family_id, "type": "VIDEO", "mimeType": "video/mp4", "sizeBytes": len(body)}},
+    )
+    upload_url = created["data"]["createUpload"]["uploadUrl"]
+    async with httpx.AsyncClient(timeout=60) as client:
+        assert (
+            await client.put(upload_url, content=body, headers={"Content-Type": "video/mp4"})
+        ).status_code == 200
+    content_id = str(created["data"]["createUpload"]["content"]["id"])
+    done = await _gql(
+        server, "mutation($id: ID!) { completeUpload(contentId: $id) { status } }", {"id": content_id}
+    )
+    assert "errors" not in done, done
+    return content_id
+
+
+async def _status(server: ServerProcess, content_id: str) -> str:
+    body = await _gql(server, "query($id: ID!) { content(id: $id) { status } }", {"id": content_id})
+    return str(body["data"]["content"]["status"])
+
+
+async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
+    engine: dict[str, str], tmp_path: Path
+) -> None:
+    video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
+    first = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="first").start()
+    try:
+        content_id = await _start_video(first, video)
+
+        async def transcoding() -> bool:
+            status = await _status(first, content_id)
+            assert status in ("PROCESSING", "TRANSCODING"), status  # it must not finish before the kill
+            return status == "TRANSCODING"
+
+        await until(transcoding, "the transcode to start")
+        first.kill()
+    finally:
+        first.stop()
+    second = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="second").start()
+    try:
+        seen: list[str] = []
+
+        async def ready() -> bool:
+            seen.append(await _status(second, content_id))
+            return seen[-1] == "READY"
+
+        await until(ready, "the content to be READY after the restart", seconds=180)
+        assert "FAILED" not in seen
+    finally:
+        second.stop()
+
+
+async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
+    engine: dict[str, str], tmp_path: Path
+) -> None:
+    video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
+    first = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="first").start()
+    try:
+        content_id = await _start_video(first, video)
+        await until(lambda: _is(first, content_id, "TRANSCODING"), "the transcode to start")
+        first.kill()
+    finally:
+        first.stop()
+    # A successor that does not sweep: only the author's retry can move the content.
+    second = ServerProcess(
+        tmp_path / "data", _pipeline_env(engine, MIFAMILIAS_PIPELINE_RECOVERY_SECONDS="3600"), name="second"
+    ).start()
+    try:
+        retry = "mutation($id: ID!) { retryContent(contentId: $id) { status } }"
+        refused = await _gql(second, retry, {"id": content_id})
+        # While the dead worker's lease runs, the content counts as being processed.
+        if refused.get("errors"):
+            assert refused["errors"][0]["extensions"]["code"] == "CONFLICT"
+
+            async def retried() -> bool:
+                body = await _gql(second, retry, {"id": content_id})
+                return "errors" not in body
+
+            await until(retried, "the lease to run out")
+        await until(lambda: _is(second, content_id, "READY"), "the retried content to be READY", seconds=180)
+    finally:
+        second.stop()
+
+
+async def _is(server: ServerProcess, content_id: str, status: str) -> bool:
+    return await _status(server, content_id) == status
