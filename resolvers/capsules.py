@@ -7,6 +7,7 @@ in `resolvers.scheduler`; the upload moves (SCHEDULED -> LOCKED) in
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -99,7 +100,7 @@ async def create_capsule(
         raise BadInput("a capsule needs at least one recipient")
     if len(wanted) > MAX_RECIPIENTS:
         raise BadInput(f"a capsule can have at most {MAX_RECIPIENTS} recipients")
-    await families.readable_family(ctx, family_id)
+    await asyncio.gather(ctx.check_rate("capsule"), families.readable_family(ctx, family_id))
     memberships = await ctx.loaders.many([keys.member(family_id, user) for user in wanted if "#" not in user])
     members = {item["userId"] for item in memberships if item and item["role"] in access.READERS}
     outsiders = [user for user in wanted if user not in members]
@@ -117,7 +118,7 @@ async def create_capsule(
     )
     ops: list[WriteOp] = [Put(capsule.to_item(shards(ctx)), NotExists())]
     ops += [Put(Recipient(capsule.id, user, unlock, family_id).to_item(), NotExists()) for user in wanted]
-    await ctx.table.transact(ops)
+    await ctx.counted("capsule", ctx.table.transact(ops))
     return capsule
 
 

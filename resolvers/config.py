@@ -24,6 +24,10 @@ def _str(env: Mapping[str, str], name: str) -> str | None:
     return raw or None
 
 
+def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in (_str(env, name) or "").split(",") if part.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     host: str = "127.0.0.1"
@@ -48,6 +52,8 @@ class Settings:
     max_body_bytes: int = 1024 * 1024
     max_query_cost: int = 5_000
     operation_deadline_seconds: float = 10.0
+    rate_limits: str | None = None
+    trusted_proxies: tuple[str, ...] = ()
     pipeline_workers: int = 2
     pipeline_lease_seconds: float = 60.0
     pipeline_recovery_seconds: float = 30.0
@@ -84,6 +90,10 @@ class Settings:
             max_body_bytes=_int(env, "MAX_BODY_BYTES", 1024 * 1024),
             max_query_cost=_int(env, "MAX_QUERY_COST", 5_000),
             operation_deadline_seconds=_float(env, "OPERATION_DEADLINE_SECONDS", 10.0),
+            rate_limits=_str(env, "RATE_LIMITS"),
+            trusted_proxies=tuple(
+                p.strip() for p in (_str(env, "TRUSTED_PROXIES") or "").split(",") if p.strip()
+            ),
             pipeline_workers=_int(env, "PIPELINE_WORKERS", 2),
             pipeline_lease_seconds=_float(env, "PIPELINE_LEASE_SECONDS", 60.0),
             pipeline_recovery_seconds=_float(env, "PIPELINE_RECOVERY_SECONDS", 30.0),

@@ -95,6 +95,12 @@ async def may_read(ctx: Context, content: Content) -> Membership | None:
     return await access.reader(ctx, content.family_id)
 
 
+async def _readable_within_rate(ctx: Context, content_id: str, action: str) -> tuple[Content, Membership]:
+    """The content, read beside the viewer's rate limit for `action`."""
+    _, found = await asyncio.gather(ctx.check_rate(action), readable_content(ctx, content_id))
+    return found
+
+
 async def readable_content(ctx: Context, content_id: str) -> tuple[Content, Membership]:
     content = await load_content(ctx, content_id)
     membership = await may_read(ctx, content) if content else None
@@ -162,7 +168,7 @@ async def create_upload(
     viewer = await ctx.viewer_id()
     mime = _check_upload(ctx.services.settings.max_upload_bytes, content_type, mime_type, size_bytes)
     title = clean_optional(title, "title", MAX_TITLE)
-    await families.readable_family(ctx, family_id)
+    await asyncio.gather(ctx.check_rate("upload"), families.readable_family(ctx, family_id))
     capsule: Capsule | None = None
     if capsule_id is not None:
         capsule = await _capsule_for_upload(ctx, capsule_id, family_id, viewer)
@@ -190,7 +196,7 @@ async def create_upload(
             )
         )
     try:
-        await ctx.table.transact(ops)
+        await ctx.counted("upload", ctx.table.transact(ops))
     except TransactionCancelled as error:
         raise Conflict("the capsule already has its content or is no longer SCHEDULED") from error
     expires_at = ctx.services.now() + timedelta(seconds=UPLOAD_URL_SECONDS)
@@ -380,8 +386,10 @@ async def comments_page(ctx: Context, content: Content, first: int, after: str |
 
 
 async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
-    content, membership = await readable_content(ctx, content_id)
     text = clean_text(body, "body", MAX_COMMENT, multiline=True)
+    _, (content, membership) = await asyncio.gather(
+        ctx.check_rate("comment"), readable_content(ctx, content_id)
+    )
     moment = ctx.services.now()
     comment = Comment(content.id, new_comment_id(moment), membership.user_id, text, iso(moment))
     write = ctx.table.transact(
@@ -393,7 +401,9 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
     # Whether the content's author is still in the family, read beside the write:
     # someone who left hears nothing more of it.
     written, author = await asyncio.gather(
-        write, ctx.table.get(keys.member(content.family_id, content.author_id)), return_exceptions=True
+        ctx.counted("comment", write),
+        ctx.table.get(keys.member(content.family_id, content.author_id)),
+        return_exceptions=True,
     )
     if isinstance(written, TransactionCancelled):
         raise not_found("content") from written
@@ -484,16 +494,21 @@ def clean_emoji(text: str) -> str:
 
 
 async def add_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
-    content, membership = await readable_content(ctx, content_id)
     emoji = clean_emoji(emoji)
+    _, (content, membership) = await asyncio.gather(
+        ctx.check_rate("reaction"), readable_content(ctx, content_id)
+    )
     reaction = Reaction(content.id, emoji, membership.user_id, ctx.services.now_iso())
     try:
-        await ctx.table.transact(
-            [
-                Put(reaction.to_item(), NotExists()),
-                Update(content.key, add={reaction_attr(emoji): 1}, condition=Exists()),
-                Update(keys.reactor(content.id, membership.user_id), set={REACTOR_ATTR + emoji: True}),
-            ]
+        await ctx.counted(
+            "reaction",
+            ctx.table.transact(
+                [
+                    Put(reaction.to_item(), NotExists()),
+                    Update(content.key, add={reaction_attr(emoji): 1}, condition=Exists()),
+                    Update(keys.reactor(content.id, membership.user_id), set={REACTOR_ATTR + emoji: True}),
+                ]
+            ),
         )
     except TransactionCancelled as error:
         if not error.failed_on(reaction.key):
@@ -503,16 +518,21 @@ async def add_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
 
 
 async def remove_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
-    content, membership = await readable_content(ctx, content_id)
     emoji = clean_emoji(emoji)
+    _, (content, membership) = await asyncio.gather(
+        ctx.check_rate("reaction"), readable_content(ctx, content_id)
+    )
     key = keys.reaction(content.id, emoji, membership.user_id)
     try:
-        await ctx.table.transact(
-            [
-                Delete(key, Exists()),
-                Update(content.key, add={reaction_attr(emoji): -1}, condition=Exists()),
-                Update(keys.reactor(content.id, membership.user_id), remove=[REACTOR_ATTR + emoji]),
-            ]
+        await ctx.counted(
+            "reaction",
+            ctx.table.transact(
+                [
+                    Delete(key, Exists()),
+                    Update(content.key, add={reaction_attr(emoji): -1}, condition=Exists()),
+                    Update(keys.reactor(content.id, membership.user_id), remove=[REACTOR_ATTR + emoji]),
+                ]
+            ),
         )
     except TransactionCancelled as error:
         if not error.failed_on(key):

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ipaddress
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from resolvers.auth import Claims, TokenVerifier, bearer_token
 from resolvers.config import Settings
 from resolvers.cursors import CursorSigner
 from resolvers.errors import ApiError, Unauthenticated
 from resolvers.loaders import Loaders
+from resolvers.ratelimit import RateLimiter, client_address, parse_limits
 from store import items
 from store.port import ConditionFailed, NotExists, Table
+
+T = TypeVar("T")
 
 
 def utc_now() -> datetime:
@@ -53,8 +58,19 @@ class Services:
     cursors: CursorSigner
     clock: Callable[[], datetime] = utc_now
     known_users: KnownUsers = field(default_factory=KnownUsers)
+    rates: RateLimiter = field(init=False)
     # Filled in by later layers (blob store, broker, pipeline); typed there.
     extras: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.rates = RateLimiter(self.table, parse_limits(self.settings.rate_limits))
+        for entry in self.settings.trusted_proxies:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError as error:
+                raise ValueError(
+                    f"MIFAMILIAS_TRUSTED_PROXIES: {entry!r} is not an address or network"
+                ) from error
 
     def now(self) -> datetime:
         return self.clock()
@@ -88,6 +104,28 @@ class Context:
     @property
     def table(self) -> Table:
         return self.services.table
+
+    async def check_rate(self, action: str) -> None:
+        """RATE_LIMITED when the viewer has used up their `action`s for now."""
+        await self.services.rates.check(f"user:{await self.viewer_id()}", action, self.services.now())
+
+    async def count_rate(self, action: str) -> None:
+        """One `action` by the viewer, done."""
+        await self.services.rates.count(f"user:{await self.viewer_id()}", action, self.services.now())
+
+    async def counted(self, action: str, write: Awaitable[T]) -> T:
+        """Runs the operation's write and counts one `action` beside it."""
+        done, _ = await asyncio.gather(write, self.count_rate(action))
+        return done
+
+    def client_address(self) -> str:
+        """Who is asking, on the network: the peer, or what a trusted proxy says."""
+        client = getattr(self.request, "client", None)
+        headers = getattr(self.request, "headers", None)
+        forwarded = headers.get("x-forwarded-for") if headers is not None else None
+        return client_address(
+            client.host if client else None, forwarded, self.services.settings.trusted_proxies
+        )
 
     async def authenticate(self, authorization: str | None) -> None:
         try:

@@ -6,9 +6,11 @@ from __future__ import annotations
 class ApiError(Exception):
     code = "INTERNAL_SERVER_ERROR"
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, **extensions: object) -> None:
         super().__init__(message)
         self.message = message
+        # More for the client beside the code (e.g. `retryAfter`).
+        self.extensions = extensions
 
 
 class Unauthenticated(ApiError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import uuid
 from dataclasses import replace
@@ -243,11 +244,19 @@ async def _record_wrong_code(ctx: Context, user_id: str) -> None:
 
 async def join_family(ctx: Context, invite_code: str) -> Membership:
     viewer = await ctx.viewer_id()
-    await _check_not_blocked(ctx, viewer)
+    # Guessing is bounded per person and, across accounts, per client address.
+    address = ctx.client_address()
+    await asyncio.gather(
+        _check_not_blocked(ctx, viewer),
+        ctx.services.rates.check(f"address:{address}", "join-address", ctx.services.now()),
+    )
     code = normalize_invite_code(invite_code)
     invite_item = await ctx.table.get(keys.invite(code)) if code else None
     if invite_item is None:
-        await _record_wrong_code(ctx, viewer)
+        await asyncio.gather(
+            _record_wrong_code(ctx, viewer),
+            ctx.services.rates.count(f"address:{address}", "join-address", ctx.services.now()),
+        )
         raise BadInput("that invite code is not valid; check it with the family's admin")
     invite = items.Invite.from_item(invite_item)
     family = await load_family(ctx, invite.family_id)

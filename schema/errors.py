@@ -43,7 +43,7 @@ def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
     if original is None and (error.extensions or {}).get("code") in CODES:
         return error  # relabelled already (a subscription event, then its operation)
     if isinstance(original, ApiError):
-        return _relabel(error, original.message, {"code": original.code})
+        return _relabel(error, original.message, {"code": original.code, **original.extensions})
     if original is None or (isinstance(original, GraphQLError) and original.original_error is None):
         # Parse and validation errors, and variables that do not coerce (an
         # unknown enum value, a wrong type): the request itself is wrong.

@@ -26,6 +26,11 @@ def invite_guesses(user_id: str) -> Key:
     return (f"USER#{user_id}", "INVITE_GUESSES")
 
 
+def rate(subject: str, action: str) -> Key:
+    """One counter per subject (a person, a client address) and action."""
+    return (f"RATE#{subject}", action)
+
+
 def family(family_id: str) -> Key:
     return (f"FAMILY#{family_id}", "META")
 

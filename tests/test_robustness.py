@@ -262,3 +262,81 @@ async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
 
 async def _is(server: ServerProcess, content_id: str, status: str) -> bool:
     return await _status(server, content_id) == status
+
+
+# Write rate limits, shared by every process ------------------------------------------------
+
+
+@pytest.fixture
+async def two_servers(engine: dict[str, str], tmp_path: Path) -> AsyncIterator[list[ServerProcess]]:
+    env = {
+        "MIFAMILIAS_AUTH_SECRET": SECRET,
+        "MIFAMILIAS_RATE_LIMITS": "comment=5/3600,reaction=4/3600,join-address=4/3600",
+        "MIFAMILIAS_TRUSTED_PROXIES": "127.0.0.1",
+        **engine,
+    }
+    servers = [ServerProcess(tmp_path / "data", env, name=f"s{n}").start() for n in range(2)]
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()
+
+
+async def _as(server: ServerProcess, user: str, query: str, variables: dict[str, Any], **headers: str) -> Any:
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(
+            f"{server.url}/graphql",
+            json={"query": query, "variables": variables},
+            headers={"Authorization": f"Bearer {mint_token(SECRET, user)}", **headers},
+        )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def test_write_rate_limits_hold_across_two_processes(two_servers: list[ServerProcess]) -> None:
+    first, second = two_servers
+    made = await _as(first, "ana", 'mutation { createFamily(input: {name: "Los Ruiz"}) { id } }', {})
+    family_id = made["data"]["createFamily"]["id"]
+    created = await _as(
+        first,
+        "ana",
+        "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id } } }",
+        {"i": {"familyId": family_id, "type": "TEXT", "mimeType": "text/plain", "sizeBytes": 4}},
+    )
+    content_id = created["data"]["createUpload"]["content"]["id"]
+    comment = "mutation($c: ID!, $b: String!) { addComment(contentId: $c, body: $b) { id } }"
+    answers = [
+        await _as(two_servers[n % 2], "ana", comment, {"c": content_id, "b": f"comentario {n}"})
+        for n in range(7)
+    ]
+    assert all("errors" not in answer for answer in answers[:5]), answers
+    for refused in answers[5:]:
+        error = refused["errors"][0]
+        assert error["extensions"]["code"] == "RATE_LIMITED"
+        assert 0 < error["extensions"]["retryAfter"] <= 3600
+        assert "5 per hour" in error["message"]
+    count = await _as(second, "ana", "query($c: ID!) { content(id: $c) { commentCount } }", {"c": content_id})
+    assert count["data"]["content"]["commentCount"] == 5
+    # Each action has a budget of its own.
+    reacted = await _as(
+        second,
+        "ana",
+        'mutation($c: ID!) { addReaction(contentId: $c, emoji: "👍") { id } }',
+        {"c": content_id},
+    )
+    assert "errors" not in reacted, reacted
+    no_traceback(first)
+    no_traceback(second)
+
+
+async def test_invite_guesses_are_limited_per_client_address(two_servers: list[ServerProcess]) -> None:
+    join = 'mutation { joinFamily(inviteCode: "AAAAA-BBBBB") { role } }'
+    codes = []
+    for n in range(6):  # six accounts, one wrong guess each, alternating processes
+        answer = await _as(two_servers[n % 2], f"guesser{n}", join, {})
+        codes.append(answer["errors"][0]["extensions"]["code"])
+    assert codes == ["BAD_USER_INPUT"] * 4 + ["RATE_LIMITED"] * 2
+    # Behind a trusted proxy, the forwarded address counts, not the proxy's.
+    answer = await _as(two_servers[0], "guesser9", join, {}, **{"X-Forwarded-For": "203.0.113.7"})
+    assert answer["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT"
