@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
 QUEUE_LIMIT = 1000
+DELIVERY_SLICE = 64  # subscribers woken per turn of the event loop
 
 
 def user_channel(user_id: str, topic: str) -> str:
@@ -45,8 +46,13 @@ class _Fanout:
     def __init__(self) -> None:
         self.queues: defaultdict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
 
-    def deliver(self, channel: str, event: Event) -> None:
-        for queue in tuple(self.queues.get(channel, ())):
+    async def deliver(self, channel: str, event: Event) -> None:
+        """Wakes the channel's subscribers a slice at a time: between slices the
+        loop serves everything else (health checks, other sockets), so ten
+        thousand subscribers of one content never hold it for long."""
+        for n, queue in enumerate(tuple(self.queues.get(channel, ()))):
+            if n and n % DELIVERY_SLICE == 0:
+                await asyncio.sleep(0)
             try:
                 queue.put_nowait(event)
             except asyncio.QueueFull:
@@ -77,7 +83,7 @@ class InProcessBroker:
         self._fanout = _Fanout()
 
     async def publish(self, channel: str, event: Event) -> None:
-        self._fanout.deliver(channel, event)
+        await self._fanout.deliver(channel, event)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:
@@ -118,7 +124,7 @@ class RedisBroker:
             if message is None or message.get("type") != "message":
                 continue
             channel = message["channel"].decode()[len(self._prefix) :]
-            self._fanout.deliver(channel, json.loads(message["data"]))
+            await self._fanout.deliver(channel, json.loads(message["data"]))
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:

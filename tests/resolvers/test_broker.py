@@ -61,3 +61,28 @@ async def test_unsubscribed_channels_stop_delivering(brokers: tuple[Broker, Brok
         await asyncio.sleep(0.1)
         await there.publish(channel, {"n": 2})
         assert await asyncio.wait_for(anext(events), 5) == {"n": 2}
+
+
+async def test_delivery_to_many_subscribers_lets_the_loop_serve_others() -> None:
+    """Ten thousand subscribers of one channel are woken a slice at a time, so
+    a health check waiting on the loop gets a turn long before the last."""
+    import contextlib
+
+    from resolvers.broker import DELIVERY_SLICE
+
+    broker = InProcessBroker()
+    async with contextlib.AsyncExitStack() as stack:
+        streams = [await stack.enter_async_context(broker.subscribe("content:c")) for _ in range(10_000)]
+        woken_when_others_ran: list[int] = []
+
+        async def other_work() -> None:
+            queues = broker._fanout.queues["content:c"]
+            woken_when_others_ran.append(sum(1 for q in queues if not q.empty()))
+
+        publish = asyncio.ensure_future(broker.publish("content:c", {"kind": "content"}))
+        other = asyncio.ensure_future(other_work())
+        await publish
+        await other
+        # Others ran after the first slice, not after all ten thousand.
+        assert woken_when_others_ran and woken_when_others_ran[0] <= max(DELIVERY_SLICE, 1) * 2 <= 1000
+        assert all([await anext(stream) for stream in streams])
