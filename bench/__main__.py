@@ -19,7 +19,7 @@ from bench.common import FULL, QUICK, Row, Sizes, bench_settings, in_process_app
 from bench.processes import cpu_count
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = (1, 2, 3, 4, 5)
+SECTIONS = (1, 2, 3, 4, 5, 6)
 
 
 async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[list[Row], str]:
@@ -35,7 +35,7 @@ async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[
 
 
 def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: bool = True) -> list[Row]:
-    from bench import fanout, http, round_trips, unlock
+    from bench import fanout, http, robustness, round_trips, unlock
 
     def say(text: str) -> None:
         if log:
@@ -59,6 +59,9 @@ def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: b
     if 5 in only:
         say("section 5 (round trips)")
         rows += asyncio.run(round_trips.run(sizes, tmp))
+    if 6 in only:
+        say("section 6 (robustness)")
+        rows += robustness.run(sizes, tmp)
     return rows
 
 

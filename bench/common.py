@@ -42,6 +42,8 @@ class Sizes:
     unlock_rounds: int = 3
     moto_capsules: int = 200
     round_trip_latency: float = 0.01
+    robust_seconds: float = 10.0
+    robust_subscribers: int = 10_000
 
 
 FULL = Sizes()
@@ -58,6 +60,8 @@ QUICK = Sizes(
     unlock_rounds=2,
     moto_capsules=30,
     round_trip_latency=0.005,
+    robust_seconds=3.0,
+    robust_subscribers=500,
 )
 TINY = Sizes(
     exec_rounds=1,
@@ -72,6 +76,8 @@ TINY = Sizes(
     unlock_rounds=1,
     moto_capsules=6,
     round_trip_latency=0.001,
+    robust_seconds=0.5,
+    robust_subscribers=4,
 )
 
 

@@ -30,13 +30,15 @@ SHARDS = 8  # the server's default MIFAMILIAS_UNLOCK_SHARDS
 class Clients:
     """Client processes on the load core, each holding a share of the subscriptions."""
 
-    def __init__(self, url: str, tokens: list[str], processes: int) -> None:
+    def __init__(self, url: str, tokens: list[str], processes: int, query: str | None = None) -> None:
         processes = max(1, min(processes, len(tokens)))
         shares = [tokens[n::processes] for n in range(processes)]
         self.procs = []
         for share in shares:
             proc = subprocess.Popen(
-                pinned(LOAD_CPU, [sys.executable, "-m", "bench.ws_clients", url]),
+                pinned(
+                    LOAD_CPU, [sys.executable, "-m", "bench.ws_clients", url, *([query] if query else [])]
+                ),
                 cwd=ROOT,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,

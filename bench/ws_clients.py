@@ -1,7 +1,7 @@
 """A client process for the fan-out section: holds many graphql-transport-ws
 subscriptions with raw `websockets`, stamps every event it receives.
 
-    python -m bench.ws_clients URL < tokens (one a line)
+    python -m bench.ws_clients URL [QUERY] < tokens (comma-separated, one line)
 
 Prints "READY <n>" once every subscription is sent; on "STOP" (stdin) prints
 one JSON line: [[time.time(), capsule id], ...] and exits.
@@ -19,8 +19,22 @@ import websockets
 SUBSCRIPTION = "subscription { capsuleUnlocked { capsule { id status } unlockedAt } }"
 
 
+def label(data: dict[str, object]) -> str:
+    """What an event is about: the capsule's id, or the content's status."""
+    (value,) = data.values()
+    assert isinstance(value, dict)
+    if "capsule" in value:
+        return str(value["capsule"]["id"])
+    return str(value.get("status", ""))
+
+
 async def client(
-    url: str, token: str, received: list[tuple[float, str]], ready: asyncio.Event, limit: asyncio.Semaphore
+    url: str,
+    token: str,
+    received: list[tuple[float, str]],
+    ready: asyncio.Event,
+    limit: asyncio.Semaphore,
+    query: str = SUBSCRIPTION,
 ) -> None:
     async with limit:  # a few handshakes at a time
         ws = await websockets.connect(
@@ -35,14 +49,14 @@ async def client(
                 break
             if message["type"] not in ("ping", "pong"):
                 raise RuntimeError(f"refused: {message}")
-        await ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": {"query": SUBSCRIPTION}}))
+        await ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": {"query": query}}))
     ready.set()
     async with ws:
         async for raw in ws:
             stamp = time.time()
             message = json.loads(raw)
             if message["type"] == "next":
-                received.append((stamp, message["payload"]["data"]["capsuleUnlocked"]["capsule"]["id"]))
+                received.append((stamp, label(message["payload"]["data"])))
             elif message["type"] == "ping":
                 await ws.send('{"type":"pong"}')
             elif message["type"] in ("error", "complete"):
@@ -51,12 +65,14 @@ async def client(
 
 async def main() -> None:
     url = sys.argv[1]
+    query = sys.argv[2] if len(sys.argv) > 2 else SUBSCRIPTION
     tokens = [t for t in sys.stdin.readline().strip().split(",") if t]
     received: list[tuple[float, str]] = []
     limit = asyncio.Semaphore(20)
     events = [asyncio.Event() for _ in tokens]
     tasks = [
-        asyncio.create_task(client(url, t, received, e, limit)) for t, e in zip(tokens, events, strict=True)
+        asyncio.create_task(client(url, t, received, e, limit, query))
+        for t, e in zip(tokens, events, strict=True)
     ]
     everyone = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in events)))
     await asyncio.wait([everyone, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -18,7 +18,7 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
     rows = run_sections(TINY, tmp_path, log=False)
     rendered = table(rows)
     sections = {row.section for row in rows}
-    assert {s.split(".")[0] for s in sections} == {"1", "2", "3", "4", "5"}
+    assert {s.split(".")[0] for s in sections} == {"1", "2", "3", "4", "5", "6"}
     measures = [row.measure for row in rows]
     for expected in (
         "Strawberry / graphql-core",
@@ -30,6 +30,9 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
         "server RSS per idle subscription, deflate on (2 clients)",
         "query `me`",
         "mutation `setTags`",
+        "/healthz p50 / p99 (ms): (a) amplification query, repeatedly",
+        "/healthz p50 / p99 (ms): (c) 30 MB bodies",
+        "server RSS growth, (b) peak (MB)",
     ):
         assert expected in measures, expected
     assert any(m.startswith("embedded store:") for m in measures)

@@ -1,0 +1,327 @@
+"""Section 6: robustness. `/healthz` latency (p50, p99) from a prober process
+while the server takes, one at a time: (a) the amplification query sent over and
+over, (b) a 9400×9400 PNG going through the pipeline, (c) 30 MB request bodies,
+(d) one status change delivered to many `contentStatusChanged` subscriptions.
+The baseline is the same prober against the idle server, in the same run. For
+(b), the server's memory (its own, and with its child processes) during and after."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import ROOT, Row, Sizes, server_env, token, verdict
+from bench.fanout import Clients
+from bench.processes import LOAD_CPU, graphql_server, pinned
+
+SECTION = "6. Robustness"
+P99_TARGET_MS = 100.0
+RSS_TARGET_MB = 300.0
+
+
+class Probe:
+    def __init__(self, url: str) -> None:
+        self.proc = subprocess.Popen(
+            pinned(LOAD_CPU, [sys.executable, "-m", "bench.probe", url]),
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "READY":
+            raise RuntimeError("the prober did not start")
+
+    def stop(self) -> tuple[list[float], int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("STOP\n")
+        self.proc.stdin.flush()
+        found = json.loads(self.proc.stdout.readline())
+        self.proc.wait(timeout=30)
+        return list(found["latencies"]), int(found["failures"])
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def tree_rss_kb(pid: int) -> tuple[int, int]:
+    """(the process's own VmRSS, with every descendant's) in KB."""
+
+    def rss(p: int) -> int:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        except OSError:
+            return 0
+        return 0
+
+    def children(p: int) -> list[int]:
+        found: list[int] = []
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                found += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+        return found
+
+    own = rss(pid)
+    total, stack = 0, [pid]
+    while stack:
+        p = stack.pop()
+        total += rss(p)
+        stack += children(p)
+    return own, total
+
+
+def gql(base: str, user: str, query: str, variables: dict[str, Any] | None = None) -> Any:
+    response = httpx.post(
+        f"{base}/graphql",
+        json={"query": query, "variables": variables or {}},
+        headers={"Authorization": f"Bearer {token(user)}"},
+        timeout=120,
+    )
+    body = response.json()
+    if body.get("errors"):
+        raise RuntimeError(f"{query[:60]}: {body['errors']}")
+    return body["data"]
+
+
+def amplification() -> str:
+    inner = " ".join(
+        f"f{n}: feed(first: 100) {{ edges {{ node {{ id title author {{ givenName }} }} }} }}"
+        for n in range(6)
+    )
+    outer = " ".join(
+        f"a{n}: feed(first: 100) {{ edges {{ node {{ id family {{ {inner} }} }} }} }}" for n in range(4)
+    )
+    return f"query($id: ID!) {{ family(id: $id) {{ {outer} }} }}"
+
+
+def upload(base: str, user: str, family_id: str, kind: str, body: bytes, mime: str) -> str:
+    created = gql(
+        base,
+        user,
+        "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id } } }",
+        {"i": {"familyId": family_id, "type": kind, "mimeType": mime, "sizeBytes": len(body)}},
+    )
+    put = httpx.put(
+        created["createUpload"]["uploadUrl"], content=body, headers={"Content-Type": mime}, timeout=120
+    )
+    put.raise_for_status()
+    content_id = str(created["createUpload"]["content"]["id"])
+    gql(base, user, "mutation($id: ID!) { completeUpload(contentId: $id) { id } }", {"id": content_id})
+    return content_id
+
+
+def status(base: str, user: str, content_id: str) -> tuple[str, str | None]:
+    found = gql(
+        base, user, "query($id: ID!) { content(id: $id) { status failureReason } }", {"id": content_id}
+    )
+    return str(found["content"]["status"]), found["content"]["failureReason"]
+
+
+def png(side: int) -> bytes:
+    from PIL import Image, ImageDraw
+
+    picture = Image.new("RGBA", (side, side), (210, 180, 140, 255))
+    ImageDraw.Draw(picture).ellipse(
+        (side // 4, side // 4, side * 3 // 4, side * 3 // 4), fill=(40, 90, 160, 200)
+    )
+    out = io.BytesIO()
+    picture.save(out, "PNG", optimize=True)
+    return out.getvalue()
+
+
+def repeatedly(seconds: float, threads: int, send: Callable[[httpx.Client], None]) -> int:
+    """`send` from `threads` threads for `seconds`; how many were sent."""
+    deadline = time.monotonic() + seconds
+    sent = [0] * threads
+
+    def worker(n: int) -> None:
+        with httpx.Client(timeout=60) as client:
+            while time.monotonic() < deadline:
+                # A refused 30 MB body may end with a reset connection.
+                with contextlib.suppress(httpx.HTTPError):
+                    send(client)
+                sent[n] += 1
+
+    pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return sum(sent)
+
+
+def run(sizes: Sizes, log_dir: Path) -> list[Row]:
+    data_dir = log_dir / "robustness"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    env = server_env(data_dir, MIFAMILIAS_PIPELINE_WORKERS="2")
+    seconds = sizes.robust_seconds
+    results: dict[str, tuple[list[float], int, str]] = {}
+    memory: dict[str, float] = {}
+    with graphql_server(env, log_dir) as server:
+        base = server.url
+        health = f"{base}/healthz"
+        family = gql(base, "ana", 'mutation { createFamily(input: {name: "Bench"}) { id inviteCode } }')
+        family_id = family["createFamily"]["id"]
+        invite = family["createFamily"]["inviteCode"]
+        gql(base, "ben", "mutation($c: String!) { joinFamily(inviteCode: $c) { role } }", {"c": invite})
+
+        def measure(name: str, load: Callable[[], str]) -> None:
+            probe = Probe(health)
+            try:
+                detail = load()
+            finally:
+                latencies, failures = probe.stop()
+            results[name] = (latencies, failures, detail)
+
+        measure("idle (baseline)", lambda: (time.sleep(seconds), "no load")[1])
+
+        query = amplification()
+
+        def amplify() -> str:
+            def send(client: httpx.Client) -> None:
+                client.post(
+                    f"{base}/graphql",
+                    json={"query": query, "variables": {"id": family_id}},
+                    headers={"Authorization": f"Bearer {token('ana')}"},
+                )
+
+            return f"{repeatedly(seconds, 4, send)} queries from 4 threads, each refused by the cost limit"
+
+        measure("(a) amplification query, repeatedly", amplify)
+
+        def photo(side: int, key: str) -> Callable[[], str]:
+            def load() -> str:
+                body = png(side)
+                own_before, tree_before = tree_rss_kb(server.process.pid)  # type: ignore[union-attr]
+                content_id = upload(base, "ana", family_id, "PHOTO", body, "image/png")
+                peak_own, peak_tree = own_before, tree_before
+                deadline = time.monotonic() + 300
+                state, reason = status(base, "ana", content_id)
+                while state not in ("READY", "FAILED") and time.monotonic() < deadline:
+                    own, tree = tree_rss_kb(server.process.pid)  # type: ignore[union-attr]
+                    peak_own, peak_tree = max(peak_own, own), max(peak_tree, tree)
+                    time.sleep(0.02)
+                    state, reason = status(base, "ana", content_id)
+                time.sleep(1.0)  # let the child process exit and the allocator settle
+                own_after, _ = tree_rss_kb(server.process.pid)  # type: ignore[union-attr]
+                memory[f"{key} peak"] = (peak_own - own_before) / 1024
+                memory[f"{key} peak, with child processes"] = (peak_tree - tree_before) / 1024
+                memory[f"{key} after"] = (own_after - own_before) / 1024
+                return f"{len(body) // 1024} KB PNG, {side}×{side} RGBA: {state}" + (
+                    f" ({reason})" if reason else ""
+                )
+
+            return load
+
+        measure("(b) 9400×9400 PNG through the pipeline", photo(9400, "(b)"))
+        measure("(b′) 6000×6000 PNG (36 MP, under the cap)", photo(6000, "(b′)"))
+
+        big = b'{"query": "{ me { id } }", "variables": {"ids": [' + b",".join([b'"xx"'] * 6_000_000) + b"]}}"
+
+        def bodies() -> str:
+            def send(client: httpx.Client) -> None:
+                client.post(
+                    f"{base}/graphql",
+                    content=big,
+                    headers={"Content-Type": "application/json", "Authorization": f"Bearer {token('ana')}"},
+                )
+
+            return (
+                f"{repeatedly(seconds, 2, send)} bodies of {len(big) / 1e6:.0f} MB from 2 threads, each 413"
+            )
+
+        measure("(c) 30 MB bodies", bodies)
+
+        content_id = upload(base, "ana", family_id, "TEXT", b"hola", "text/plain")
+        deadline = time.monotonic() + 60
+        while status(base, "ana", content_id)[0] != "READY" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        subscribers = sizes.robust_subscribers
+        query_text = (
+            f"subscription {{ contentStatusChanged(contentId: {json.dumps(content_id)}) {{ id status }} }}"
+        )
+        clients = Clients(server.ws_url, [token("ana")] * subscribers, sizes.fanout_processes, query_text)
+
+        def status_change() -> str:
+            started = time.monotonic()
+            gql(
+                base,
+                "ben",
+                "mutation($id: ID!) { markContentViewed(contentId: $id) { status } }",
+                {"id": content_id},
+            )
+            return f"{subscribers} subscriptions; the change published at +{time.monotonic() - started:.2f} s"
+
+        try:
+            clients.wait_ready()
+            measure_started = time.monotonic()
+            probe = Probe(health)
+            try:
+                detail = status_change()
+                # Until every subscriber has the change, or a minute has passed.
+                time.sleep(max(1.0, subscribers / 2000))
+            finally:
+                latencies, failures = probe.stop()
+        finally:
+            received = clients.stop()
+        delivered = sum(1 for _, label in received if label == "DELIVERED")
+        results[f"(d) one status change to {subscribers} subscriptions"] = (
+            latencies,
+            failures,
+            f"{detail}; {delivered} of {subscribers} received it "
+            f"within {time.monotonic() - measure_started:.1f} s",
+        )
+    return rows_of(results, memory)
+
+
+def rows_of(results: dict[str, tuple[list[float], int, str]], memory: dict[str, float]) -> list[Row]:
+    rows: list[Row] = []
+    for name, (latencies, failures, detail) in results.items():
+        p50, p99 = percentile(latencies, 50), percentile(latencies, 99)
+        baseline = name.startswith("idle")
+        rows.append(
+            Row(
+                SECTION,
+                f"/healthz p50 / p99 (ms): {name}",
+                f"{p50:.1f} / {p99:.1f}",
+                f"n={len(latencies)}, max {max(latencies, default=float('nan')):.1f} ms, "
+                f"{failures} failed; {detail}",
+                target="" if baseline else f"p99 ≤ {P99_TARGET_MS:.0f} ms",
+                met="" if baseline else verdict(p99 <= P99_TARGET_MS and failures == 0),
+            )
+        )
+    for key, growth in memory.items():
+        peak = "peak" in key
+        rows.append(
+            Row(
+                SECTION,
+                f"server RSS growth, {key} (MB)",
+                f"{growth:.0f}",
+                "during the pipeline's work" if peak else "1 s after the content reached its final state",
+                target=f"≤ {RSS_TARGET_MB:.0f} MB" + ("" if peak else ", returned"),
+                met=verdict(growth <= RSS_TARGET_MB) if key.startswith("(b)") else "",
+            )
+        )
+    if results:
+        all_p99 = [percentile(v[0], 99) for v in results.values()]
+        rows.append(Row(SECTION, "median of the scenarios' p99 (ms)", f"{statistics.median(all_p99):.1f}"))
+    return rows
