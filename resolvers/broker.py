@@ -45,6 +45,30 @@ class _Fanout:
 
     def __init__(self) -> None:
         self.queues: defaultdict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
+        # The delivery still running on each channel: the next waits for it, so
+        # every subscriber sees a channel's events in the order they came.
+        self._tails: dict[str, asyncio.Task[None]] = {}
+
+    def deliver_soon(self, channel: str, event: Event) -> None:
+        """Hands the event to the channel's subscribers without making the
+        publisher wait for all of them."""
+        if channel not in self.queues:
+            return
+        previous = self._tails.get(channel)
+        task = asyncio.create_task(self._deliver_after(previous, channel, event))
+        self._tails[channel] = task
+
+        def forget(done: asyncio.Task[None]) -> None:
+            if self._tails.get(channel) is done:
+                del self._tails[channel]
+
+        task.add_done_callback(forget)
+
+    async def _deliver_after(self, previous: asyncio.Task[None] | None, channel: str, event: Event) -> None:
+        if previous is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(previous)
+        await self.deliver(channel, event)
 
     async def deliver(self, channel: str, event: Event) -> None:
         """Wakes the channel's subscribers a slice at a time: between slices the
@@ -83,7 +107,7 @@ class InProcessBroker:
         self._fanout = _Fanout()
 
     async def publish(self, channel: str, event: Event) -> None:
-        await self._fanout.deliver(channel, event)
+        self._fanout.deliver_soon(channel, event)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:
@@ -124,7 +148,7 @@ class RedisBroker:
             if message is None or message.get("type") != "message":
                 continue
             channel = message["channel"].decode()[len(self._prefix) :]
-            await self._fanout.deliver(channel, json.loads(message["data"]))
+            self._fanout.deliver_soon(channel, json.loads(message["data"]))
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:

@@ -340,3 +340,18 @@ async def test_invite_guesses_are_limited_per_client_address(two_servers: list[S
     # Behind a trusted proxy, the forwarded address counts, not the proxy's.
     answer = await _as(two_servers[0], "guesser9", join, {}, **{"X-Forwarded-For": "203.0.113.7"})
     assert answer["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT"
+
+
+async def test_the_amplification_query_is_refused_over_http(live_server: ServerProcess) -> None:
+    from tests.api.test_limits import amplification
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(
+            f"{live_server.url}/graphql",
+            json={"query": amplification(), "variables": {"id": "any"}},
+            headers={"Authorization": f"Bearer {ANA}"},
+        )
+    error = response.json()["errors"][0]
+    assert error["extensions"]["code"] == "BAD_USER_INPUT"
+    assert error["extensions"]["cost"]["estimated"] > error["extensions"]["cost"]["limit"] == 5000
+    no_traceback(live_server)
