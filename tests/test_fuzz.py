@@ -15,6 +15,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis_graphql import nodes
 from hypothesis_graphql import strategies as gql_strategies
 
 from resolvers.auth import mint_token
@@ -22,16 +23,27 @@ from schema import schema
 from tests.servers import SECRET, ServerProcess
 
 SDL = schema.as_str()
-TOKEN = mint_token(SECRET, "fuzzer", given_name="Fuzz")
-FUZZ_SETTINGS = settings(
-    deadline=None,
-    derandomize=True,  # the same few thousand cases on every run, so a failure reproduces
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.function_scoped_fixture,
-        HealthCheck.data_too_large,
-    ],
+# Dates as a client sends them, with and without a zone, and text that is not one.
+SCALARS = {
+    "DateTime": (st.datetimes().map(lambda d: d.isoformat()) | st.text(max_size=30)).map(nodes.String),
+}
+OPERATIONS = gql_strategies.queries(SDL, custom_scalars=SCALARS) | gql_strategies.mutations(
+    SDL, custom_scalars=SCALARS
 )
+TOKEN = mint_token(SECRET, "fuzzer", given_name="Fuzz")
+
+
+def fuzz_settings(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,  # the same few thousand cases on every run, so a failure reproduces
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.data_too_large,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +74,9 @@ def assert_healthy(client: httpx.Client, server: ServerProcess) -> None:
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
 
 
-@FUZZ_SETTINGS
-@settings(max_examples=1500)
+@fuzz_settings(1500)
 @given(
-    query=gql_strategies.queries(SDL) | gql_strategies.mutations(SDL),
+    query=OPERATIONS,
     signed_in=st.booleans(),
 )
 def test_generated_operations_never_fail_the_server(
@@ -75,10 +86,9 @@ def test_generated_operations_never_fail_the_server(
     check(client.post("/graphql", json={"query": query}, headers=headers))
 
 
-@FUZZ_SETTINGS
-@settings(max_examples=1000)
+@fuzz_settings(1000)
 @given(
-    query=gql_strategies.queries(SDL) | gql_strategies.mutations(SDL),
+    query=OPERATIONS,
     cut=st.integers(min_value=0, max_value=400),
     noise=st.text(alphabet=st.sampled_from('{}()[]:$!@#"\\ \n\x00abcXYZ0123'), max_size=12),
     variables=st.recursive(
