@@ -132,10 +132,15 @@ async def test_malformed_websocket_frames_close_with_4400(
 
 async def test_a_websocket_frame_over_the_body_limit_closes_the_socket(live_server: ServerProcess) -> None:
     connection = await websockets.connect(live_server.ws_url, subprotocols=["graphql-transport-ws"])  # type: ignore[list-item]
-    await connection.send(json.dumps({"type": "connection_init", "payload": {"pad": "x" * (2 << 20)}}))
-    with pytest.raises(websockets.ConnectionClosed) as closed:
+    # The server refuses the frame from its header and closes at once; the client
+    # may still be sending the rest, in which case the close reaches it as a reset.
+    with pytest.raises((websockets.ConnectionClosed, ConnectionResetError)):
+        await connection.send(json.dumps({"type": "connection_init", "payload": {"pad": "x" * (2 << 20)}}))
         await asyncio.wait_for(connection.recv(), 30)
-    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009  # message too big
+    # 1009 "message too big" when the close frame arrived; 1006 when it was lost to the reset.
+    assert connection.close_code in (1009, 1006)
+    async with httpx.AsyncClient() as client:
+        assert (await client.get(f"{live_server.url}/healthz")).status_code == 200
     no_traceback(live_server)
 
 
