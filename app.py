@@ -24,12 +24,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from resolvers.auth import TokenVerifier, media_secret, mint_token
+from resolvers.auth import media_secret, mint_token
 from resolvers.config import Settings
 from resolvers.context import Services, utc_now
-from resolvers.cursors import CursorSigner
 from resolvers.media_http import media_routes
-from resolvers.runtime import start_background
+from resolvers.runtime import compose, start_background
 from schema.graphiql import STATIC_DIR
 from schema.transport import MiFamiliasGraphQL
 from store.blobs import LocalBlobStore
@@ -79,19 +78,9 @@ def create_app(
             store = table if table is not None else await _open_table(settings, stack)
             if wrap_table is not None:
                 store = wrap_table(store)
-            secret = settings.resolved_auth_secret()
-            verifier = (
-                TokenVerifier(
-                    jwks_url=settings.jwks_url, issuer=settings.jwt_issuer, audience=settings.jwt_audience
-                )
-                if settings.jwks_url
-                else TokenVerifier(secret=secret, issuer=settings.jwt_issuer, audience=settings.jwt_audience)
-            )
-            state.services = Services(
-                settings=settings, table=store, verifier=verifier, cursors=CursorSigner(secret), clock=clock
-            )
+            state.services = await compose(settings, store, stack, local_blobs=local_blobs, clock=clock)
             app.state.services = state.services
-            await start_background(state.services, stack, local_blobs)
+            await start_background(state.services, stack)
             # What exists now lives as long as the process: keep the collector
             # from walking it again on every full collection.
             gc.freeze()

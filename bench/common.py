@@ -247,7 +247,7 @@ async def upload_text(
 
 
 async def settle(api: InProcessApi) -> None:
-    await api.services.extras["pipeline"].idle()
+    await api.services.pipeline.idle()
 
 
 FEED_AUTHORS = ["ana", "ben", "cy", "dee", "eve"]

@@ -21,10 +21,10 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bench.execution import feed_floor, me_floor
-from resolvers.auth import TokenVerifier
 from resolvers.config import Settings
-from resolvers.context import Context, Services
-from resolvers.cursors import CursorSigner
+from resolvers.context import Context
+from resolvers.runtime import compose
+from store.blobs import LocalBlobStore
 
 
 def create_plain_app(settings: Settings) -> Starlette:
@@ -36,17 +36,14 @@ def create_plain_app(settings: Settings) -> Starlette:
         from store.sqlite import SqliteTable
 
         table = SqliteTable(settings.data_dir / "mifamilias.sqlite3")
-        secret = settings.resolved_auth_secret()
-        state["services"] = Services(
-            settings=settings,
-            table=table,
-            verifier=TokenVerifier(secret=secret, issuer=settings.jwt_issuer, audience=settings.jwt_audience),
-            cursors=CursorSigner(secret),
-        )
-        try:
-            yield
-        finally:
-            await table.close()
+        local = LocalBlobStore(settings.data_dir / "media", settings.base_url, b"plain")
+        # The same services as the app (nothing started), for the same resolvers.
+        async with contextlib.AsyncExitStack() as stack:
+            state["services"] = await compose(settings, table, stack, local_blobs=local)
+            try:
+                yield
+            finally:
+                await table.close()
 
     async def context(request: Request) -> Context:
         ctx = Context(services=state["services"], request=request)

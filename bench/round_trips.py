@@ -85,7 +85,7 @@ def operations(api: InProcessApi, world: dict[str, Any]) -> list[Op]:
         content_id = await upload_text(api, "ben", f, b"old memory")
         await settle(api)
         clock.advance(days=91)
-        await api.services.extras["pipeline"].archive_due(90)
+        await api.services.pipeline.archive_due(90)
         return {"id": content_id}
 
     async def own_content() -> dict[str, Any]:
@@ -106,7 +106,7 @@ def operations(api: InProcessApi, world: dict[str, Any]) -> list[Op]:
         await upload_text(api, "ana", f, b"te quiero", capsule_id=capsule_id)
         await settle(api)
         clock.advance(days=1, seconds=1)
-        await api.services.extras["scheduler"].run_once()
+        await api.services.scheduler.run_once()
         return {"id": capsule_id}
 
     async def draft() -> dict[str, Any]:
@@ -339,7 +339,7 @@ async def build_world(api: InProcessApi, clock: Any) -> dict[str, Any]:
     await upload_text(api, "ana", family["id"], b"te quiero", capsule_id=capsule_id)
     await settle(api)
     clock.advance(days=1, seconds=1)
-    await api.services.extras["scheduler"].run_once()
+    await api.services.scheduler.run_once()
     world["open_capsule"] = capsule_id
     return world
 

@@ -14,10 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Row, Sizes, Stats, bench_settings, now, verdict
-from resolvers.auth import TokenVerifier
 from resolvers.broker import InProcessBroker
-from resolvers.context import Services
-from resolvers.cursors import CursorSigner
+from resolvers.context import utc_now
 from resolvers.scheduler import UnlockScheduler
 from store import keys
 from store.counting import CountingTable
@@ -28,14 +26,10 @@ SECTION = "4. Unlock throughput"
 SHARDS = 8
 
 
-def services_for(table: Table, data_dir: Path) -> Services:
-    settings = bench_settings(data_dir)
-    secret = settings.resolved_auth_secret()
-    services = Services(
-        settings=settings, table=table, verifier=TokenVerifier(secret=secret), cursors=CursorSigner(secret)
+def scheduler_for(table: Table, data_dir: Path) -> UnlockScheduler:
+    return UnlockScheduler(
+        table=table, broker=InProcessBroker(), settings=bench_settings(data_dir), clock=utc_now
     )
-    services.extras["broker"] = InProcessBroker()
-    return services
 
 
 async def seed(table: Table, count: int) -> list[tuple[str, str]]:
@@ -67,9 +61,8 @@ async def check(table: Table, capsule_keys: list[tuple[str, str]]) -> int:
 
 
 async def one_pass(
-    table: Table, services: Services, capsule_keys: list[tuple[str, str]]
+    table: Table, scheduler: UnlockScheduler, capsule_keys: list[tuple[str, str]]
 ) -> tuple[float, int]:
-    scheduler = UnlockScheduler(services)
     start = now()
     unlocked = 0
     for _ in range(5):  # one pass should do; a failed step is retried by the next
@@ -90,7 +83,7 @@ async def embedded(sizes: Sizes, tmp: Path) -> list[float]:
         table = SqliteTable(data_dir / "table.sqlite3")
         try:
             capsule_keys = await seed(table, sizes.unlock_capsules)
-            elapsed, unlocked = await one_pass(table, services_for(table, data_dir), capsule_keys)
+            elapsed, unlocked = await one_pass(table, scheduler_for(table, data_dir), capsule_keys)
             opened = await check(table, capsule_keys)
             if opened != len(capsule_keys):
                 raise RuntimeError(f"only {opened} of {len(capsule_keys)} capsules opened")
@@ -124,7 +117,7 @@ async def dynamodb(sizes: Sizes, tmp: Path) -> tuple[float, dict[str, int], floa
     async with moto_table(tmp) as inner:
         capsule_keys = await seed(inner, sizes.moto_capsules)
         table = CountingTable(inner)
-        elapsed, unlocked = await one_pass(table, services_for(table, tmp), capsule_keys)
+        elapsed, unlocked = await one_pass(table, scheduler_for(table, tmp), capsule_keys)
         calls = dict(table.calls)
         opened = await check(inner, capsule_keys)
         if opened != len(capsule_keys):

@@ -55,8 +55,7 @@ REACTOR_ATTR = "E#"
 
 
 def blobs_of(ctx: Context) -> BlobStore:
-    blobs: BlobStore = ctx.services.extras["blobs"]
-    return blobs
+    return ctx.services.blobs
 
 
 def broker_of(ctx: Context) -> Broker | None:
@@ -263,9 +262,7 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
 
 async def _to_pipeline(ctx: Context, content: Content) -> None:
     await publish_status(broker_of(ctx), content)
-    submit = ctx.services.extras.get("submit")
-    if submit is not None:
-        submit(content.id)
+    ctx.services.pipeline.submit(content.id)
 
 
 async def retry_content(ctx: Context, content_id: str) -> Content:

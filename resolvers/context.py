@@ -4,22 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from resolvers.auth import Claims, TokenVerifier, bearer_token
 from resolvers.config import Settings
 from resolvers.cursors import CursorSigner
 from resolvers.errors import ApiError, Unauthenticated
 from resolvers.loaders import Loaders
-from resolvers.ratelimit import RateLimiter, client_address, parse_limits
+from resolvers.ratelimit import RateLimiter, client_address
 from store import items
 from store.port import ConditionFailed, NotExists, Table
+
+if TYPE_CHECKING:
+    # Built above this module (they use it); named here for their types only.
+    from resolvers.broker import Broker
+    from resolvers.live import EventReads
+    from resolvers.pipeline import Pipeline
+    from resolvers.scheduler import UnlockScheduler
+    from resolvers.transcribe import Transcriber
+    from store.blobs import BlobStore
 
 T = TypeVar("T")
 
@@ -48,29 +56,24 @@ class KnownUsers:
             self._ids.popitem(last=False)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Services:
-    """Everything a request may use; built once per process in the lifespan."""
+    """Everything a request or a background process may use, typed; built once
+    per process by `resolvers.runtime.compose`."""
 
     settings: Settings
     table: Table
     verifier: TokenVerifier
     cursors: CursorSigner
+    rates: RateLimiter
+    broker: Broker
+    blobs: BlobStore
+    pipeline: Pipeline
+    scheduler: UnlockScheduler
+    event_reads: EventReads
+    transcriber: Transcriber | None = None
     clock: Callable[[], datetime] = utc_now
     known_users: KnownUsers = field(default_factory=KnownUsers)
-    rates: RateLimiter = field(init=False)
-    # Filled in by later layers (blob store, broker, pipeline); typed there.
-    extras: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.rates = RateLimiter(self.table, parse_limits(self.settings.rate_limits))
-        for entry in self.settings.trusted_proxies:
-            try:
-                ipaddress.ip_network(entry, strict=False)
-            except ValueError as error:
-                raise ValueError(
-                    f"MIFAMILIAS_TRUSTED_PROXIES: {entry!r} is not an address or network"
-                ) from error
 
     def now(self) -> datetime:
         return self.clock()

@@ -23,8 +23,7 @@ log = logging.getLogger("mifamilias.live")
 
 
 def _broker(ctx: Context) -> Broker:
-    broker: Broker = ctx.services.extras["broker"]
-    return broker
+    return ctx.services.broker
 
 
 def _refresh(ctx: Context) -> None:
@@ -86,8 +85,7 @@ class EventReads:
 
 
 def _event_reads(ctx: Context) -> EventReads:
-    reads: EventReads = ctx.services.extras.setdefault("event_reads", EventReads())
-    return reads
+    return ctx.services.event_reads
 
 
 async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str) -> Capsule | None:

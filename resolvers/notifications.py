@@ -21,8 +21,7 @@ def notification_id(*parts: str) -> str:
 
 
 def broker_of(ctx: Context) -> Broker | None:
-    broker: Broker | None = ctx.services.extras.get("broker")
-    return broker
+    return ctx.services.broker
 
 
 async def announce(broker: Broker | None, notes: Sequence[Notification]) -> None:

@@ -18,16 +18,16 @@ import contextlib
 import logging
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from resolvers import media, notifications
 from resolvers.broker import Broker
+from resolvers.config import Settings
 from resolvers.content import original_key, publish_status
-from resolvers.context import Services
 from resolvers.transcribe import Transcriber, TranscriptionError
 from store import keys
 from store.blobs import BlobStore
@@ -38,6 +38,7 @@ from store.port import (
     Item,
     NotExists,
     SortKey,
+    Table,
     Update,
     all_of,
     any_of,
@@ -59,28 +60,27 @@ class Outputs:
 
 class Pipeline:
     def __init__(
-        self, services: Services, *, workers: int = 2, transcriber: Transcriber | None = None
+        self,
+        *,
+        table: Table,
+        blobs: BlobStore,
+        broker: Broker | None,
+        settings: Settings,
+        clock: Callable[[], datetime],
+        transcriber: Transcriber | None = None,
     ) -> None:
-        self.services = services
-        self.table = services.table
-        self.workers = workers
+        self.table = table
+        self.blobs = blobs
+        self.broker = broker
+        self.clock = clock
+        self.workers = settings.pipeline_workers
         self.transcriber = transcriber
         self.queue: asyncio.Queue[str] = asyncio.Queue(QUEUE_SIZE)
         self._tasks: list[asyncio.Task[None]] = []
         self._queued: set[str] = set()
-        self.lease = timedelta(seconds=services.settings.pipeline_lease_seconds)
+        self.lease = timedelta(seconds=settings.pipeline_lease_seconds)
         # Whose lease it is: renewals and releases touch only this process's own.
         self.owner = uuid.uuid4().hex
-
-    @property
-    def blobs(self) -> BlobStore:
-        blobs: BlobStore = self.services.extras["blobs"]
-        return blobs
-
-    @property
-    def broker(self) -> Broker | None:
-        broker: Broker | None = self.services.extras.get("broker")
-        return broker
 
     # Running --------------------------------------------------------------------
 
@@ -133,7 +133,7 @@ class Pipeline:
             page = await self.table.query(keys.PIPELINE_PK, index="GSI2", limit=100, cursor=cursor)
             for item in page.items:
                 lease = item.get("leaseUntil")
-                if lease and lease > iso(self.services.now()):
+                if lease and lease > iso(self.clock()):
                     continue
                 self.submit(item["id"])
                 found += 1
@@ -172,7 +172,7 @@ class Pipeline:
                 await self.table.update(
                     Update(
                         keys.content(content_id),
-                        set={"leaseUntil": iso(self.services.now() + self.lease)},
+                        set={"leaseUntil": iso(self.clock() + self.lease)},
                         condition=all_of(
                             eq("leaseOwner", self.owner),
                             any_of(*(eq("status", status) for status in IN_PIPELINE)),
@@ -185,7 +185,7 @@ class Pipeline:
                 log.exception("pipeline: could not renew the lease of content %s", content_id)
 
     async def _claim(self, content_id: str) -> Item | None:
-        now = self.services.now()
+        now = self.clock()
         try:
             item = await self.table.update(
                 Update(
@@ -210,7 +210,7 @@ class Pipeline:
         return item
 
     async def _move(self, content: Content, to: str, **changes: Any) -> Content:
-        at = iso(self.services.now())
+        at = iso(self.clock())
         if to not in IN_PIPELINE:
             changes["leaseUntil"] = None
             changes["leaseOwner"] = None
@@ -244,7 +244,7 @@ class Pipeline:
             has_audio = outputs.has_audio if outputs else bool(claimed.get("hasAudio"))
             media_format = outputs.media_format if outputs else claimed.get("mediaFormat")
             transcription = await self._transcribe(content, has_audio, media_format)
-            ready_at = iso(self.services.now())
+            ready_at = iso(self.clock())
             content = await self._move(content, "READY", transcription=transcription, readyAt=ready_at)
             await notifications.content_ready(self.table, self.broker, content, ready_at)
 
@@ -308,7 +308,7 @@ class Pipeline:
 
     async def archive_due(self, days: int) -> int:
         """READY or DELIVERED content that became READY `days` ago moves to ARCHIVED."""
-        cutoff = iso(self.services.now() - timedelta(days=days))
+        cutoff = iso(self.clock() - timedelta(days=days))
         archived = 0
         for shard in range(keys.ARCHIVE_SHARDS):
             page = await self.table.query(

@@ -1,20 +1,29 @@
-"""What runs beside the requests, started and stopped by the app's lifespan:
-the broker, the blob store, the media pipeline and the periodic sweeps."""
+"""The composition of one server process: every service, built once and typed
+(`compose`), and what runs beside the requests (`start_background`): the
+pipeline's workers, the unlock scheduler and the periodic sweeps."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 
 from resolvers import capsules
+from resolvers.auth import TokenVerifier
 from resolvers.broker import Broker, InProcessBroker, RedisBroker
-from resolvers.context import Services
+from resolvers.config import Settings
+from resolvers.context import Services, utc_now
+from resolvers.cursors import CursorSigner
+from resolvers.live import EventReads
 from resolvers.pipeline import Pipeline
+from resolvers.ratelimit import RateLimiter, parse_limits
 from resolvers.scheduler import UnlockScheduler
 from resolvers.transcribe import Transcriber
 from store.blobs import BlobStore, LocalBlobStore
+from store.port import Table
 
 log = logging.getLogger("mifamilias.runtime")
 
@@ -41,8 +50,7 @@ async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
             await task
 
 
-async def _open_transcriber(services: Services, stack: contextlib.AsyncExitStack) -> Transcriber | None:
-    settings = services.settings
+async def _open_transcriber(settings: Settings, stack: contextlib.AsyncExitStack) -> Transcriber | None:
     if settings.transcriber != "aws":
         return None
     from resolvers.transcribe import open_aws_transcriber
@@ -55,36 +63,81 @@ async def _open_transcriber(services: Services, stack: contextlib.AsyncExitStack
     return transcriber
 
 
-async def start_background(
-    services: Services, stack: contextlib.AsyncExitStack, local_blobs: LocalBlobStore | None
-) -> None:
-    settings = services.settings
-    broker: Broker = RedisBroker(settings.redis_url) if settings.redis_url else InProcessBroker()
-    stack.push_async_callback(broker.close)
-    services.extras["broker"] = broker
+async def _open_blobs(
+    settings: Settings, stack: contextlib.AsyncExitStack, local_blobs: LocalBlobStore | None
+) -> BlobStore:
+    if not settings.s3_bucket:
+        if local_blobs is None:
+            raise RuntimeError("no S3 bucket is configured and no local blob store was given")
+        return local_blobs
+    from store.blobs import open_s3_blob_store
 
-    blobs: BlobStore
-    if settings.s3_bucket:
-        from store.blobs import open_s3_blob_store
-
-        blobs = await stack.enter_async_context(
-            open_s3_blob_store(settings.s3_bucket, settings.s3_endpoint, settings.aws_region or "us-east-1")
-        )
-    else:
-        assert local_blobs is not None
-        blobs = local_blobs
-    services.extras["blobs"] = blobs
-
-    pipeline = Pipeline(
-        services, workers=settings.pipeline_workers, transcriber=await _open_transcriber(services, stack)
+    blobs: BlobStore = await stack.enter_async_context(
+        open_s3_blob_store(settings.s3_bucket, settings.s3_endpoint, settings.aws_region or "us-east-1")
     )
-    services.extras["pipeline"] = pipeline
-    services.extras["submit"] = pipeline.submit
-    await pipeline.start()
-    stack.push_async_callback(pipeline.stop)
+    return blobs
 
-    scheduler = UnlockScheduler(services)
-    services.extras["scheduler"] = scheduler
+
+def _verifier(settings: Settings) -> TokenVerifier:
+    if settings.jwks_url:
+        return TokenVerifier(
+            jwks_url=settings.jwks_url, issuer=settings.jwt_issuer, audience=settings.jwt_audience
+        )
+    return TokenVerifier(
+        secret=settings.resolved_auth_secret(), issuer=settings.jwt_issuer, audience=settings.jwt_audience
+    )
+
+
+def _check_trusted_proxies(settings: Settings) -> None:
+    for entry in settings.trusted_proxies:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError as error:
+            raise ValueError(f"MIFAMILIAS_TRUSTED_PROXIES: {entry!r} is not an address or network") from error
+
+
+async def compose(
+    settings: Settings,
+    table: Table,
+    stack: contextlib.AsyncExitStack,
+    *,
+    local_blobs: LocalBlobStore | None = None,
+    clock: Callable[[], datetime] = utc_now,
+    broker: Broker | None = None,
+) -> Services:
+    """Every service of one process, built once and typed. Nothing runs yet:
+    `start_background` starts the pipeline's workers and the periodic jobs."""
+    _check_trusted_proxies(settings)
+    if broker is None:
+        broker = RedisBroker(settings.redis_url) if settings.redis_url else InProcessBroker()
+        stack.push_async_callback(broker.close)
+    blobs = await _open_blobs(settings, stack, local_blobs)
+    transcriber = await _open_transcriber(settings, stack)
+    pipeline = Pipeline(
+        table=table, blobs=blobs, broker=broker, settings=settings, clock=clock, transcriber=transcriber
+    )
+    stack.push_async_callback(pipeline.stop)
+    return Services(
+        settings=settings,
+        table=table,
+        verifier=_verifier(settings),
+        cursors=CursorSigner(settings.resolved_auth_secret()),
+        rates=RateLimiter(table, parse_limits(settings.rate_limits)),
+        broker=broker,
+        blobs=blobs,
+        pipeline=pipeline,
+        scheduler=UnlockScheduler(table=table, broker=broker, settings=settings, clock=clock),
+        event_reads=EventReads(),
+        transcriber=transcriber,
+        clock=clock,
+    )
+
+
+async def start_background(services: Services, stack: contextlib.AsyncExitStack) -> None:
+    """The pipeline's workers, the unlock scheduler and the sweeps, until the stack closes."""
+    settings = services.settings
+    pipeline, scheduler = services.pipeline, services.scheduler
+    await pipeline.start()
 
     async def archive_capsules() -> int:
         return await capsules.archive_viewed(services.table, services.now(), settings.capsule_retention_days)

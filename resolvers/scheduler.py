@@ -22,12 +22,12 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import date, datetime, timedelta
 from typing import TypeVar
 
 from resolvers.access import READERS
 from resolvers.broker import Broker, user_channel
-from resolvers.context import Services
+from resolvers.config import Settings
 from resolvers.notifications import announce, notification_id
 from resolvers.tags import unseal_ops
 from store import keys
@@ -40,6 +40,7 @@ from store.port import (
     Put,
     SortKey,
     StoreError,
+    Table,
     TransactionCancelled,
     Update,
     WriteOp,
@@ -63,22 +64,20 @@ class PassResult:
 
 
 class UnlockScheduler:
-    def __init__(self, services: Services) -> None:
-        self.services = services
-        self.table = services.table
-        self.shards = services.settings.unlock_shards
+    def __init__(
+        self, *, table: Table, broker: Broker | None, settings: Settings, clock: Callable[[], datetime]
+    ) -> None:
+        self.table = table
+        self.broker = broker
+        self.clock = clock
+        self.shards = settings.unlock_shards
         # How long an UNLOCKING capsule may sit before another process finishes it.
-        self.abandoned_after = timedelta(seconds=services.settings.abandoned_unlock_seconds)
+        self.abandoned_after = timedelta(seconds=settings.abandoned_unlock_seconds)
         # Capsules this process won and has not finished yet.
         self._mine: set[str] = set()
 
-    @property
-    def broker(self) -> Broker | None:
-        broker: Broker | None = self.services.extras.get("broker")
-        return broker
-
     async def run_once(self) -> PassResult:
-        now = self.services.now()
+        now = self.clock()
         now_iso = iso(now)
         today = now.date()
         start = await self._checkpoint(today)
@@ -139,7 +138,7 @@ class UnlockScheduler:
         )
         # UNLOCKING capsules another process won a moment ago are theirs to finish;
         # only those left alone for a while (a crash) are taken over.
-        abandoned = iso(self.services.now() - self.abandoned_after)
+        abandoned = iso(self.clock() - self.abandoned_after)
         self._mine.update(c.id for c in won if c is not None)
         unlocking = [
             c

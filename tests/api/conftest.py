@@ -128,7 +128,7 @@ async def open_table(engine: str, tmp_path: Path, moto_url: str | None) -> Async
 
 @contextlib.asynccontextmanager
 async def running_api(
-    engine: str, blobs: str, tmp_path: Path, request: pytest.FixtureRequest
+    engine: str, blobs: str, tmp_path: Path, request: pytest.FixtureRequest, **changes: Any
 ) -> AsyncIterator[Api]:
     needs_moto = engine == "dynamodb" or blobs == "s3"
     moto_url = request.getfixturevalue("moto_server") if needs_moto else None
@@ -139,6 +139,7 @@ async def running_api(
         unlock_poll_seconds=3600,
         s3_bucket=f"media-{uuid.uuid4().hex[:8]}" if blobs == "s3" else None,
         s3_endpoint=moto_url if blobs == "s3" else None,
+        **changes,
     )
     async with open_table(engine, tmp_path, moto_url) as table:
         counting = CountingTable(table)

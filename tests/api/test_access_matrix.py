@@ -297,7 +297,7 @@ async def build_world(api: Api) -> World:
     await api.ok(remove, {"f": fam_a["id"], "u": "rem"}, as_="adm")
     await api.ok(remove, {"f": fam_a["id"], "u": "crm"}, as_="adm")
     api.clock.advance(hours=2)
-    result = await api.services.extras["scheduler"].run_once()
+    result = await api.services.scheduler.run_once()
     assert result.unlocked == 2, result
     await api.ok(
         "mutation($c: ID!, $b: String!) { addComment(contentId: $c, body: $b) { id } }",
@@ -422,7 +422,7 @@ async def subscribed(api: Api, query: str, variables: dict[str, Any], role: str)
 async def wait_subscribed(api: Api, channel: str, step: Any) -> Any:
     """Starts the stream and returns its first-result task once the stream
     listens on `channel` (polled with a deadline, never slept on)."""
-    broker = api.services.extras["broker"]
+    broker = api.services.broker
     task = asyncio.ensure_future(step)
     for _ in range(10_000):
         if task.done() or broker._fanout.queues.get(channel):
@@ -446,7 +446,7 @@ async def run_subscription(
             first = await wait_subscribed(api, channel, stream.__anext__())
             if first.done():  # refused before it listened
                 return _formatted_one(first.result())
-            broker = api.services.extras["broker"]
+            broker = api.services.broker
             moment = datetime.now(UTC).isoformat()
             await broker.publish(
                 channel, {"kind": "capsule", "capsuleId": world.ids[row.target], "unlockedAt": moment}
@@ -474,7 +474,7 @@ async def run_subscription(
             capsule_id=world.ids["A.cap_opened" if family == "A" else "B.cap"],
         )
         await api.table.put(note.to_item())
-        await api.services.extras["broker"].publish(
+        await api.services.broker.publish(
             channel, {"kind": "notification", "userId": viewer, "createdAt": note.created_at, "id": note.id}
         )
         body = _formatted_one(await asyncio.wait_for(first, 30))

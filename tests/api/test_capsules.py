@@ -51,7 +51,7 @@ async def sealed_capsule(api: Api) -> tuple[str, str, str]:
 
 async def unlock(api: Api) -> Any:
     api.clock.advance(days=1, seconds=1)
-    return await api.services.extras["scheduler"].run_once()
+    return await api.services.scheduler.run_once()
 
 
 async def test_the_whole_lifecycle(api: Api) -> None:
@@ -78,7 +78,7 @@ async def test_the_whole_lifecycle(api: Api) -> None:
         unlocked = [n for n in notes if n["type"] == "CAPSULE_UNLOCKED"]
         assert len(unlocked) == 1 and unlocked[0]["capsule"] == {"id": capsule_id}
     # A second pass, or a second process, opens nothing twice.
-    assert (await api.services.extras["scheduler"].run_once()).unlocked == 0
+    assert (await api.services.scheduler.run_once()).unlocked == 0
 
     opened = (await api.ok(OPEN, {"id": capsule_id}, as_="ben"))["openCapsule"]
     assert opened["status"] == "VIEWED" and opened["recipients"][0]["viewedAt"] is not None
@@ -179,7 +179,7 @@ async def test_cancel_and_a_capsule_left_empty(api: Api) -> None:
     assert received["receivedCapsules"]["edges"] == [{"node": {"id": scheduled, "status": "SCHEDULED"}}]
     # Its date comes with no content: it stays closed and its creator is told once.
     await unlock(api)
-    await api.services.extras["scheduler"].run_once()
+    await api.services.scheduler.run_once()
     assert (await api.ok(CAPSULE, {"id": scheduled}, as_="ana"))["capsule"]["status"] == "SCHEDULED"
     notes = [e["node"]["type"] for e in (await api.ok(NOTES, as_="ana"))["notifications"]["edges"]]
     assert notes.count("CAPSULE_EMPTY") == 1

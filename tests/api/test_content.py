@@ -264,7 +264,7 @@ async def test_feed_reactions_comments_paging_and_delete(api: Api) -> None:
 
     # ben wrote ids[0]; cy may not delete it, the ADMIN may.
     assert (await api.error(DELETE, {"id": target}, as_="cy"))[0] == "FORBIDDEN"
-    blobs = api.services.extras["blobs"]
+    blobs = api.services.blobs
     assert await blobs.head(f"content/{target}/original") is not None
     assert (await api.ok(DELETE, {"id": target}, as_="ana"))["deleteContent"] is True
     assert await blobs.head(f"content/{target}/original") is None
@@ -317,13 +317,13 @@ async def test_viewing_archiving_and_restoring(media_api: Api) -> None:
     view = "mutation($id: ID!) { markContentViewed(contentId: $id) { status } }"
     assert (await api.ok(view, {"id": content_id}, as_="ana"))["markContentViewed"]["status"] == "READY"
     assert (await api.ok(view, {"id": content_id}, as_="ben"))["markContentViewed"]["status"] == "DELIVERED"
-    pipeline = api.services.extras["pipeline"]
+    pipeline = api.services.pipeline
     assert await pipeline.archive_due(90) == 0
     api.clock.advance(days=91)
     assert await pipeline.archive_due(90) == 1
     content = (await api.ok(CONTENT, {"id": content_id}, as_="ben"))["content"]
     assert content["status"] == "ARCHIVED" and content["mediaUrl"] is None
-    blobs = api.services.extras["blobs"]
+    blobs = api.services.blobs
     assert await blobs.storage_class(f"content/{content_id}/original") == "GLACIER_IR"
     restore = "mutation($id: ID!) { restoreContent(contentId: $id) { status mediaUrl } }"
     restored = (await api.ok(restore, {"id": content_id}, as_="ben"))["restoreContent"]
@@ -346,6 +346,6 @@ async def test_content_left_mid_pipeline_is_picked_up_again(api: Api) -> None:
     await api.table.update(ContentItem.from_item(item).transition("PROCESSING", api.services.now_iso()))
     await settle(api)
     assert (await api.ok(CONTENT, {"id": content_id}, as_="ana"))["content"]["status"] == "PROCESSING"
-    assert await api.services.extras["pipeline"].recover() == 1
+    assert await api.services.pipeline.recover() == 1
     await settle(api)
     assert (await api.ok(CONTENT, {"id": content_id}, as_="ana"))["content"]["status"] == "READY"

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.api.conftest import Api
+import pytest
+
+from tests.api.conftest import Api, running_api
 from tests.factories import family_with_members, settle, upload
 
 # Limits before anything runs, counted through the port --------------------------------------
@@ -82,17 +84,16 @@ async def test_list_variables_and_search_prefixes_are_bounded(api: Api) -> None:
     assert code == "BAD_USER_INPUT" and "prefix" in message
 
 
-async def test_an_operation_past_its_deadline_is_stopped_with_a_clear_error(api: Api) -> None:
-    from dataclasses import replace
-
-    family_id = await family_with_members(api, "ana", [])
-    services = api.services
-    services.settings = replace(services.settings, operation_deadline_seconds=0.05)
-    api.table.latency = 0.2  # type: ignore[attr-defined]  # each store call takes longer than the deadline
-    code, message = await api.error(
-        "query($id: ID!) { family(id: $id) { name } }", {"id": family_id}, as_="ana"
-    )
-    api.table.latency = 0  # type: ignore[attr-defined]
+async def test_an_operation_past_its_deadline_is_stopped_with_a_clear_error(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    async with running_api("sqlite", "local", tmp_path, request, operation_deadline_seconds=0.05) as api:
+        family_id = await family_with_members(api, "ana", [])
+        api.table.latency = 0.2  # type: ignore[attr-defined]  # each store call outlasts the deadline
+        code, message = await api.error(
+            "query($id: ID!) { family(id: $id) { name } }", {"id": family_id}, as_="ana"
+        )
+        api.table.latency = 0  # type: ignore[attr-defined]
     assert code == "BAD_USER_INPUT" and "longer than 0.05 s" in message
 
 
