@@ -10,6 +10,8 @@ import uuid
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+import emoji as emoji_data
+
 from resolvers import access, families, notifications
 from resolvers.broker import Broker, content_channel
 from resolvers.context import Context
@@ -446,48 +448,15 @@ async def delete_comment(ctx: Context, content_id: str, comment_id: str) -> bool
 
 # Reactions --------------------------------------------------------------------
 
-_EMOJI_JOINERS = {0x200D, 0xFE0F, 0xFE0E, 0x20E3}
-
-
-def _is_emoji_base(cp: int) -> bool:
-    return (
-        0x1F000 <= cp <= 0x1FAFF
-        or 0x2600 <= cp <= 0x27BF
-        or 0x2B00 <= cp <= 0x2BFF
-        or 0x2300 <= cp <= 0x23FF
-        or cp in (0x00A9, 0x00AE, 0x203C, 0x2049, 0x2122, 0x2139, 0x3030, 0x303D, 0x3297, 0x3299)
-        or 0x2190 <= cp <= 0x21FF
-        or 0x25A0 <= cp <= 0x25FF
-        or 0x2934 <= cp <= 0x2935
-    )
-
 
 def clean_emoji(text: str) -> str:
-    """One emoji: a base, optionally with skin tone, variation selectors, keycap,
-    tag characters, or ZWJ-joined parts; a flag is two regional indicators."""
-    emoji = unicodedata.normalize("NFC", text.strip())
-    points = [ord(ch) for ch in emoji]
-    if not points or len(points) > 16:
+    """Exactly one emoji as Unicode's emoji data knows it (the `emoji` package):
+    skin tones, flags, keycaps and ZWJ sequences count as one; arrows and
+    geometric shapes, or two emoji joined where Unicode joins none, do not."""
+    value = unicodedata.normalize("NFC", text.strip())
+    if not emoji_data.is_emoji(value):
         raise BadInput("emoji must be a single emoji")
-    bases = 0
-    regional = 0
-    previous_joiner = False
-    for index, cp in enumerate(points):
-        if 0x1F1E6 <= cp <= 0x1F1FF:
-            regional += 1
-            continue
-        if cp in _EMOJI_JOINERS or 0x1F3FB <= cp <= 0x1F3FF or 0xE0020 <= cp <= 0xE007F:
-            previous_joiner = cp == 0x200D
-            continue
-        keycap = chr(cp) in "#*0123456789" and index + 1 < len(points) and 0x20E3 in points[index + 1 :]
-        if not (_is_emoji_base(cp) or keycap):
-            raise BadInput("emoji must be a single emoji")
-        if not previous_joiner:
-            bases += 1
-        previous_joiner = False
-    if regional not in (0, 2) or (regional and bases) or (not regional and bases != 1):
-        raise BadInput("emoji must be a single emoji")
-    return emoji
+    return value
 
 
 async def add_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
