@@ -7,9 +7,11 @@ at least one more item exists), the same condition and update meaning. What
 DynamoDB cannot make atomic is said so where it matters: `batch_write` is not
 a transaction here (use `transact` for that).
 
-Throttling (and transaction conflicts on single-item writes) is retried with
-capped, jittered exponential backoff on every call, on top of botocore's own
-retries; unprocessed keys and items of the batch calls likewise.
+Throttling is botocore's to retry (adaptive mode, `client_config`): one call
+makes at most `BOTOCORE_ATTEMPTS` attempts, with client-side rate limiting.
+What botocore does not retry is retried here, with capped, jittered
+exponential backoff: unprocessed keys and items of the batch calls, and a
+transaction cancelled only for throttling.
 """
 
 from __future__ import annotations
@@ -59,20 +61,11 @@ from store.port import (
 
 BATCH_GET_SIZE = 100
 BATCH_WRITE_SIZE = 25
-MAX_ATTEMPTS = 8  # our own attempts per call, each after botocore's retries
+BOTOCORE_ATTEMPTS = 6  # per call, botocore's own (adaptive mode backs off and rate-limits)
+MAX_ATTEMPTS = 8  # our own, for unprocessed batch items and throttled transactions
 BASE_DELAY = 0.05  # seconds; doubled per attempt, jittered, capped
 MAX_DELAY = 3.0
 
-RETRYABLE_CODES = frozenset(
-    {
-        "ProvisionedThroughputExceededException",
-        "ThrottlingException",
-        "RequestLimitExceeded",
-        "Throttling",
-        "TooManyRequestsException",
-        "TransactionConflictException",
-    }
-)
 # Cancellation reasons after which the whole transaction may simply be resent.
 _RETRYABLE_CANCELLATIONS = frozenset({"ThrottlingError", "ProvisionedThroughputExceeded"})
 # UpdateItem needs at least one action; removing an attribute nobody writes is a
@@ -85,7 +78,7 @@ _deserializer = TypeDeserializer()
 
 def client_config() -> AioConfig:
     return AioConfig(
-        retries={"mode": "standard", "max_attempts": 3},
+        retries={"mode": "adaptive", "max_attempts": BOTOCORE_ATTEMPTS},
         connect_timeout=5,
         read_timeout=20,
         max_pool_connections=50,
@@ -342,26 +335,22 @@ class DynamoTable:
         return table
 
     async def _call(self, operation: str, **params: Any) -> dict[str, Any]:
+        """One call (botocore retries throttling), its errors in our terms."""
         method = getattr(self._client, operation)
-        for attempt in range(MAX_ATTEMPTS):
-            try:
-                response: dict[str, Any] = await method(**params)
-                return response
-            except ClientError as error:
-                code = _code(error)
-                if code in RETRYABLE_CODES and attempt < MAX_ATTEMPTS - 1:
-                    await _backoff(attempt)
-                    continue
-                if code in ("ConditionalCheckFailedException", "TransactionCanceledException"):
-                    raise
-                if code == "ValidationException" and "ExclusiveStartKey" in params:
-                    message = str(error.response.get("Error", {}).get("Message", ""))
-                    if "start" in message.lower():
-                        raise InvalidCursor("the cursor does not fit this query") from error
-                raise StoreError(f"DynamoDB {operation} failed: {code}: {error}") from error
-            except BotoCoreError as error:
-                raise StoreError(f"DynamoDB {operation} failed: {error}") from error
-        raise AssertionError("unreachable")  # pragma: no cover
+        try:
+            response: dict[str, Any] = await method(**params)
+            return response
+        except ClientError as error:
+            code = _code(error)
+            if code in ("ConditionalCheckFailedException", "TransactionCanceledException"):
+                raise
+            if code == "ValidationException" and "ExclusiveStartKey" in params:
+                message = str(error.response.get("Error", {}).get("Message", ""))
+                if "start" in message.lower():
+                    raise InvalidCursor("the cursor does not fit this query") from error
+            raise StoreError(f"DynamoDB {operation} failed: {code}: {error}") from error
+        except BotoCoreError as error:
+            raise StoreError(f"DynamoDB {operation} failed: {error}") from error
 
     # Reads --------------------------------------------------------------------
 

@@ -651,19 +651,65 @@ def no_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(dynamodb, "BASE_DELAY", 0.0)
 
 
-async def test_dynamodb_retries_throttling_within_a_bound(no_backoff: None) -> None:
-    throttled = [client_error(code) for code in dynamodb.RETRYABLE_CODES]
-    client = ScriptedClient({"get_item": [*throttled, {"Item": {"PK": {"S": "A"}, "SK": {"S": "B"}}}]})
-    assert await DynamoTable(client, "t").get(("A", "B")) == {"PK": "A", "SK": "B"}
-    assert len(client.calls) == len(throttled) + 1
-    assert client.calls[0][1]["ConsistentRead"] is True
+class ThrottlingEndpoint:
+    """A DynamoDB endpoint on loopback that throttles the first `throttles`
+    requests, then answers an empty GetItem: what botocore's retries meet."""
 
-    client = ScriptedClient({"put_item": [client_error("ThrottlingException")] * dynamodb.MAX_ATTEMPTS})
-    with pytest.raises(StoreError):
-        await DynamoTable(client, "t").put({"PK": "A", "SK": "B"})
-    assert len(client.calls) == dynamodb.MAX_ATTEMPTS
+    def __init__(self, throttles: int) -> None:
+        import http.server
+        import threading
 
-    client = ScriptedClient({"put_item": [client_error("ValidationException", "bad")]})
+        outer = self
+        self.throttles = throttles
+        self.requests = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.requests += 1
+                if outer.requests <= outer.throttles:
+                    status = 400
+                    body = (
+                        b'{"__type":"com.amazonaws.dynamodb.v20120810#ThrottlingException","message":"slow"}'
+                    )
+                else:
+                    status, body = 200, b"{}"
+                self.send_response(status)
+                self.send_header("Content-Type", "application/x-amz-json-1.0")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_dynamodb_throttling_is_retried_by_botocore_within_a_bound(aws_env: None) -> None:
+    """No retry loop of ours on plain calls: botocore's adaptive mode retries
+    throttling, up to BOTOCORE_ATTEMPTS attempts in all."""
+    assert dynamodb.client_config().retries == {
+        "mode": "adaptive",
+        "max_attempts": dynamodb.BOTOCORE_ATTEMPTS,
+    }
+    endpoint = ThrottlingEndpoint(throttles=2)
+    try:
+        async with dynamodb.open_dynamo_table("t", endpoint.url, "us-east-1") as table:
+            assert await table.get(("A", "B")) is None
+        assert endpoint.requests == 3
+    finally:
+        endpoint.close()
+
+    # A call that reaches us throttled is an error at once: nothing is retried twice over.
+    client = ScriptedClient({"put_item": [client_error("ThrottlingException")]})
     with pytest.raises(StoreError):
         await DynamoTable(client, "t").put({"PK": "A", "SK": "B"})
     assert len(client.calls) == 1
