@@ -24,10 +24,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from resolvers.auth import media_secret, mint_token
-from resolvers.config import Settings
-from resolvers.context import Services, utc_now
-from resolvers.media_http import media_routes
+from resolvers.adapters.media_http import media_routes
+from resolvers.core.auth import media_secret, mint_token
+from resolvers.core.config import Settings
+from resolvers.core.context import Services, utc_now
 from resolvers.runtime import compose, start_background
 from schema.graphiql import STATIC_DIR
 from schema.transport import MiFamiliasGraphQL

@@ -24,7 +24,7 @@ SECTIONS = (1, 2, 3, 4, 5, 6)
 
 async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[list[Row], str]:
     from bench import execution
-    from store.counting import CountingTable
+    from tests.counting import CountingTable
 
     rows: list[Row] = []
     async with in_process_app(bench_settings(tmp / "data"), wrap_table=CountingTable) as api:

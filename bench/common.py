@@ -15,8 +15,8 @@ from typing import Any
 
 import httpx
 
-from resolvers.auth import mint_token
-from resolvers.config import Settings
+from resolvers.core.auth import mint_token
+from resolvers.core.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-" + "x" * 32
@@ -183,7 +183,7 @@ async def in_process_app(
     settings: Settings, *, clock: Callable[[], datetime] | None = None, wrap_table: Any = None
 ) -> AsyncIterator[InProcessApi]:
     from app import create_app
-    from resolvers.context import utc_now
+    from resolvers.core.context import utc_now
 
     app = create_app(settings, clock=clock or utc_now, wrap_table=wrap_table)
     async with app.router.lifespan_context(app):

@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.common import ROOT, Row, Sizes, Stats, server_env, token, verdict
 from bench.processes import LOAD_CPU, Server, bench_server, pinned
-from resolvers.capsules import MAX_RECIPIENTS
+from resolvers.domain.capsules import MAX_RECIPIENTS
 from tests.factories import capsule_rows, family_rows
 
 SECTION = "3. Subscription fan-out"

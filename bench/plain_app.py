@@ -21,8 +21,8 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from bench.execution import feed_floor, me_floor
-from resolvers.config import Settings
-from resolvers.context import Context
+from resolvers.core.config import Settings
+from resolvers.core.context import Context
 from resolvers.runtime import compose
 from store.blobs import LocalBlobStore
 

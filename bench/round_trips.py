@@ -27,7 +27,7 @@ from bench.common import (
     settle,
     upload_text,
 )
-from store.counting import CountingTable
+from tests.counting import CountingTable
 
 SECTION = "5. Round trips (store calls / sequential round trips)"
 

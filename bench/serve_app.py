@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     import app
-    from resolvers.config import Settings
+    from resolvers.core.config import Settings
 
     if args.plain:
         from bench.plain_app import create_plain_app

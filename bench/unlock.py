@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import Row, Sizes, Stats, bench_settings, now, verdict
-from resolvers.broker import InProcessBroker
-from resolvers.context import utc_now
-from resolvers.scheduler import UnlockScheduler
+from resolvers.adapters.broker import InProcessBroker
+from resolvers.core.context import utc_now
+from resolvers.processes.scheduler import UnlockScheduler
 from store import keys
-from store.counting import CountingTable
 from store.port import Table
+from tests.counting import CountingTable
 from tests.factories import capsule_rows, family_rows
 
 SECTION = "4. Unlock throughput"

@@ -11,17 +11,17 @@ import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 
-from resolvers import capsules
-from resolvers.auth import TokenVerifier
-from resolvers.broker import Broker, InProcessBroker, RedisBroker
-from resolvers.config import Settings
-from resolvers.context import Services, utc_now
-from resolvers.cursors import CursorSigner
-from resolvers.live import EventReads
-from resolvers.pipeline import Pipeline
-from resolvers.ratelimit import RateLimiter, parse_limits
-from resolvers.scheduler import UnlockScheduler
-from resolvers.transcribe import Transcriber
+from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
+from resolvers.adapters.transcribe import Transcriber
+from resolvers.core.auth import TokenVerifier
+from resolvers.core.config import Settings
+from resolvers.core.context import Services, utc_now
+from resolvers.core.cursors import CursorSigner
+from resolvers.core.ratelimit import RateLimiter, parse_limits
+from resolvers.domain import capsules
+from resolvers.processes.live import EventReads
+from resolvers.processes.pipeline import Pipeline
+from resolvers.processes.scheduler import UnlockScheduler
 from store.blobs import BlobStore, LocalBlobStore
 from store.port import Table
 
@@ -53,7 +53,7 @@ async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
 async def _open_transcriber(settings: Settings, stack: contextlib.AsyncExitStack) -> Transcriber | None:
     if settings.transcriber != "aws":
         return None
-    from resolvers.transcribe import open_aws_transcriber
+    from resolvers.adapters.transcribe import open_aws_transcriber
 
     if not settings.s3_bucket:
         raise RuntimeError("MIFAMILIAS_TRANSCRIBER=aws needs MIFAMILIAS_S3_BUCKET")

@@ -18,8 +18,8 @@ from strawberry.extensions import (
 )
 from strawberry.types import ExecutionResult
 
-from resolvers.context import Context
-from resolvers.errors import BadInput
+from resolvers.core.context import Context
+from resolvers.core.errors import BadInput
 from schema.cost import QueryCost
 from schema.errors import CodedParserCache, ContractErrors
 from schema.guard import ReadGuard, SignedIn

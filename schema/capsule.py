@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import strawberry
 
-from resolvers import capsules, users
+from resolvers.domain import capsules, users
 from schema.common import Info, PageInfo, maybe_when, when
 from schema.content import Content
 from schema.enums import CapsuleStatus

@@ -7,7 +7,7 @@ from datetime import datetime
 import strawberry
 from strawberry.types import Info as StrawberryInfo
 
-from resolvers.context import Context
+from resolvers.core.context import Context
 from store.items import parse_iso
 
 Info = StrawberryInfo[Context, None]

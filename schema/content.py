@@ -5,9 +5,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import strawberry
 
-from resolvers import content as content_resolvers
-from resolvers import users
-from resolvers.pagination import page_size
+from resolvers.core.pagination import page_size
+from resolvers.domain import content as content_resolvers
+from resolvers.domain import users
 from schema.common import Info, PageInfo, when
 from schema.enums import ContentStatus, ContentType
 from schema.user import User
@@ -134,7 +134,7 @@ class Content:
 
     @strawberry.field
     async def tags(self, info: Info) -> list[Annotated[Tag, strawberry.lazy("schema.tag")]]:
-        from resolvers.tags import content_tags
+        from resolvers.domain.tags import content_tags
         from schema.tag import Tag
 
         return [Tag(item=t, content_item=self.item) for t in await content_tags(info.context, self.item)]

@@ -38,11 +38,11 @@ from graphql.utilities import get_operation_ast
 from strawberry.extensions import SchemaExtension
 from strawberry.types.graphql import OperationType
 
-from resolvers.capsules import MAX_RECIPIENTS
-from resolvers.context import Context
-from resolvers.errors import BadInput
-from resolvers.pagination import MAX_PAGE
-from resolvers.tags import MAX_TAGS
+from resolvers.core.context import Context
+from resolvers.core.errors import BadInput
+from resolvers.core.pagination import MAX_PAGE
+from resolvers.domain.capsules import MAX_RECIPIENTS
+from resolvers.domain.tags import MAX_TAGS
 
 DEFAULT_LIST_SIZE = 20
 MAX_LIST_ITEMS = 100

@@ -10,7 +10,7 @@ from typing import Any
 from graphql import GraphQLError
 from strawberry.extensions import ParserCache, SchemaExtension
 
-from resolvers.errors import ApiError
+from resolvers.core.errors import ApiError
 
 log = logging.getLogger("mifamilias.errors")
 

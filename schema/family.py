@@ -5,9 +5,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import strawberry
 
-from resolvers import families, users
-from resolvers.errors import not_found
-from resolvers.pagination import page_size
+from resolvers.core.errors import not_found
+from resolvers.core.pagination import page_size
+from resolvers.domain import families, users
 from schema.common import Info, PageInfo, when
 from schema.enums import FamilyRole, TrustLevel
 from schema.user import User

@@ -5,7 +5,7 @@ resolver runs, so nothing touches the store and no answer tells an existing id
 from a missing one. Only introspection is open to everyone.
 
 `ReadGuard` runs before each field of an object that wraps a store record and
-asks `resolvers.access.may_read` about that record. Resolvers already filter
+asks `resolvers.domain.access.may_read` about that record. Resolvers already filter
 what they return; this is what makes a field added tomorrow, or a path that
 forgets, answer NOT_FOUND instead of leaking. A verdict is reached once per
 record per operation, so after the first field the check is a dict lookup.
@@ -28,9 +28,9 @@ from graphql.utilities import get_operation_ast
 from strawberry.extensions import SchemaExtension
 from strawberry.types.graphql import OperationType
 
-from resolvers import access
-from resolvers.context import Context
-from resolvers.errors import ApiError
+from resolvers.core.context import Context
+from resolvers.core.errors import ApiError
+from resolvers.domain import access
 
 
 def _only_introspection(selection_set: SelectionSetNode, fragments: dict[str, Any], depth: int = 0) -> bool:

@@ -4,9 +4,9 @@ from datetime import datetime
 
 import strawberry
 
-from resolvers import capsules, families, notifications, users
-from resolvers import content as content_resolvers
-from resolvers import tags as tag_resolvers
+from resolvers.domain import capsules, families, notifications, users
+from resolvers.domain import content as content_resolvers
+from resolvers.domain import tags as tag_resolvers
 from schema.capsule import Capsule
 from schema.common import Info
 from schema.content import Comment, Content, Upload

@@ -5,9 +5,9 @@ from typing import TYPE_CHECKING, Annotated
 
 import strawberry
 
-from resolvers import capsules, families
-from resolvers import content as content_resolvers
-from resolvers.errors import NotFound
+from resolvers.core.errors import NotFound
+from resolvers.domain import capsules, families
+from resolvers.domain import content as content_resolvers
 from schema.capsule import Capsule
 from schema.common import Info, PageInfo, when
 from schema.content import Content

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import strawberry
 
-from resolvers import capsules, families, notifications, users
-from resolvers import content as content_resolvers
-from resolvers import tags as tag_resolvers
-from resolvers.pagination import page_size
+from resolvers.core.pagination import page_size
+from resolvers.domain import capsules, families, notifications, users
+from resolvers.domain import content as content_resolvers
+from resolvers.domain import tags as tag_resolvers
 from schema.capsule import Capsule, CapsuleConnection, capsule_connection
 from schema.common import Info, PageInfo
 from schema.content import Content

@@ -4,7 +4,7 @@ from collections.abc import AsyncGenerator
 
 import strawberry
 
-from resolvers import live
+from resolvers.processes import live
 from schema.capsule import Capsule, CapsuleUnlockedEvent
 from schema.common import Info, when
 from schema.content import Content

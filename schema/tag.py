@@ -4,9 +4,9 @@ from datetime import datetime
 
 import strawberry
 
-from resolvers import content as content_resolvers
-from resolvers import users
-from resolvers.tags import TagPage
+from resolvers.domain import content as content_resolvers
+from resolvers.domain import users
+from resolvers.domain.tags import TagPage
 from schema.common import Info, PageInfo, when
 from schema.content import Content
 from schema.user import User

@@ -31,7 +31,7 @@ from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_P
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 
-from resolvers.context import Context, Services
+from resolvers.core.context import Context, Services
 
 log = logging.getLogger("mifamilias.transport")
 

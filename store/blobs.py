@@ -7,7 +7,7 @@ server itself only touches bytes in the media pipeline (`fetch_to_file`,
 
 - `S3BlobStore`: an aioboto3 S3 client and a bucket; URLs are SigV4 presigned.
 - `LocalBlobStore`: files under a directory; URLs point back at the app
-  (`resolvers.media_http`), signed with an HMAC key, PUT URLs single-use.
+  (`resolvers.adapters.media_http`), signed with an HMAC key, PUT URLs single-use.
 
 Upload URL contract, identical on both adapters: the PUT must carry
 `Content-Type` exactly equal to the `content_type` passed to `upload_url` and
@@ -366,7 +366,7 @@ def _temp_beside(path: Path) -> Path:
 
 
 class LocalBlobStore:
-    """Objects as files under `root`, served by the app itself (`resolvers.media_http`).
+    """Objects as files under `root`, served by the app itself (`resolvers.adapters.media_http`).
 
     Layout: `<root>/<key>` for objects, `<root>/.tmp/` for uploads in flight,
     `<root>/.used/<nonce>` for consumed PUT URLs (content: their expiry, so

@@ -20,8 +20,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from app import create_app
-from resolvers.auth import mint_token
-from resolvers.config import Settings
+from resolvers.core.auth import mint_token
+from resolvers.core.config import Settings
 from store.port import Key, Table
 from store.sqlite import SqliteTable
 from tests.servers import ROOT, SECRET, free_port

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis_graphql import nodes
 from hypothesis_graphql import strategies as gql_strategies
 
-from resolvers.auth import mint_token
+from resolvers.core.auth import mint_token
 from schema import schema
 from tests.servers import SECRET, ServerProcess
 

@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-from resolvers.auth import mint_token
+from resolvers.core.auth import mint_token
 from tests.browser import run_graphiql_query
 from tests.servers import SECRET, ServerProcess
 

@@ -18,7 +18,7 @@ from gql import Client, GraphQLRequest
 from gql.transport.httpx import HTTPXAsyncTransport
 from gql.transport.websockets import WebsocketsTransport
 
-from resolvers.auth import mint_token
+from resolvers.core.auth import mint_token
 from tests import media_factory
 from tests.servers import SECRET, ServerProcess
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import websockets
 
-from resolvers.auth import mint_token
+from resolvers.core.auth import mint_token
 from tests.servers import SECRET, ServerProcess, engine_env
 
 GRAPHQL_TRANSPORT_WS = "graphql-transport-ws"

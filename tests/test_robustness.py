@@ -15,7 +15,7 @@ import httpx
 import pytest
 import websockets
 
-from resolvers.auth import mint_token
+from resolvers.core.auth import mint_token
 from tests import media_factory
 from tests.servers import SECRET, ServerProcess, engine_env
 

@@ -16,7 +16,7 @@ import pytest
 from gql import Client, GraphQLRequest
 from gql.transport.websockets import WebsocketsTransport
 
-from resolvers.auth import mint_token
+from resolvers.core.auth import mint_token
 from store.dynamodb import DynamoTable, create_table, deserialize_item, open_dynamo_table
 from tests.factories import capsule_rows, family_rows
 from tests.servers import SECRET, ServerProcess, running_moto_server

@@ -12,11 +12,11 @@ import httpx
 import pytest
 
 from app import create_app
-from resolvers.auth import mint_token
-from resolvers.config import Settings
-from store.counting import CountingTable
+from resolvers.core.auth import mint_token
+from resolvers.core.config import Settings
 from store.port import Table
 from tests.clock import FakeClock
+from tests.counting import CountingTable
 from tests.servers import SECRET
 
 

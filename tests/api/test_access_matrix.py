@@ -35,8 +35,8 @@ from graphql import (
     GraphQLType,
 )
 
-from resolvers.broker import user_channel
-from resolvers.context import Context
+from resolvers.adapters.broker import user_channel
+from resolvers.core.context import Context
 from schema import schema
 from store import items
 from tests.api.conftest import Api

@@ -86,7 +86,7 @@ async def test_the_whole_lifecycle(api: Api) -> None:
     assert again["recipients"][0]["viewedAt"] == opened["recipients"][0]["viewedAt"]
 
     # Retention: VIEWED -> ARCHIVED once the period after the first view has passed.
-    from resolvers.capsules import archive_viewed
+    from resolvers.domain.capsules import archive_viewed
 
     assert await archive_viewed(api.table, api.clock(), 365) == 0
     api.clock.advance(days=366)

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from resolvers.media import probe
+from resolvers.adapters.media import probe
 from tests import media_factory
 from tests.api.conftest import Api
 from tests.factories import (

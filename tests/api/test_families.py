@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from resolvers.families import INVITE_ALPHABET, WRONG_CODES_ALLOWED
+from resolvers.domain.families import INVITE_ALPHABET, WRONG_CODES_ALLOWED
 from tests.api.conftest import Api
 from tests.factories import JOIN, family_with_members, join, make_family
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from resolvers import tags as tag_resolvers
+from resolvers.domain import tags as tag_resolvers
 from tests.api.conftest import Api
 from tests.factories import family_with_members
 

@@ -106,7 +106,7 @@ async def test_without_a_token_nothing_touches_the_store(api: Api) -> None:
 async def test_an_operation_on_a_connection_whose_token_expired_is_refused(api: Api) -> None:
     """A WebSocket keeps its context for hours: an operation that arrives after
     the token's expiry runs nothing, whatever the socket's state."""
-    from resolvers.context import Context
+    from resolvers.core.context import Context
     from schema import schema
 
     await api.sign_in("ana")

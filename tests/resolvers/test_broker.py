@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from resolvers.broker import Broker, InProcessBroker, RedisBroker
+from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
 
 
 @pytest.fixture(params=["memory", "redis"])

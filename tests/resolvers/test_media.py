@@ -1,4 +1,4 @@
-"""Real-behaviour tests for resolvers.media: real ffmpeg runs, real Pillow files."""
+"""Real-behaviour tests for resolvers.adapters.media: real ffmpeg runs, real Pillow files."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from resolvers import media
-from resolvers.media import (
+from resolvers.adapters import media
+from resolvers.adapters.media import (
     PHOTO_MAX_SIDE,
     THUMBNAIL_MAX_SIDE,
     VIDEO_MAX_SIDE,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from resolvers.ratelimit import Limit, client_address, parse_limits
+from resolvers.core.ratelimit import Limit, client_address, parse_limits
 
 
 def test_the_peer_is_the_client_unless_it_is_a_trusted_proxy() -> None:

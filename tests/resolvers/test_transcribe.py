@@ -1,4 +1,4 @@
-"""resolvers.transcribe against a real moto_server (Transcribe and S3).
+"""resolvers.adapters.transcribe against a real moto_server (Transcribe and S3).
 
 What moto 5 does with a transcription job (checked here, see the first test):
 StartTranscriptionJob answers without a status; each GetTranscriptionJob
@@ -24,7 +24,12 @@ from typing import Any
 import aioboto3
 import pytest
 
-from resolvers.transcribe import AwsTranscriber, Transcriber, TranscriptionError, open_aws_transcriber
+from resolvers.adapters.transcribe import (
+    AwsTranscriber,
+    Transcriber,
+    TranscriptionError,
+    open_aws_transcriber,
+)
 from tests import media_factory as mf
 from tests.conftest import AWS_REGION
 

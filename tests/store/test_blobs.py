@@ -18,7 +18,7 @@ import httpx
 import pytest
 from starlette.applications import Starlette
 
-from resolvers.media_http import media_routes
+from resolvers.adapters.media_http import media_routes
 from store.blobs import (
     GLACIER_IR,
     STANDARD,

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from resolvers.errors import RateLimited
+from resolvers.core.errors import RateLimited
 from store import keys
 from store.port import Compare, ConditionFailed, NotExists, Table, Update, any_of, eq
 

@@ -80,12 +80,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from resolvers import access, families
-from resolvers.content import may_read, readable_content
-from resolvers.context import Context
-from resolvers.errors import BadInput, Conflict, not_found
-from resolvers.pagination import filtered_page
-from resolvers.validation import check_display
+from resolvers.core.context import Context
+from resolvers.core.errors import BadInput, Conflict, not_found
+from resolvers.core.pagination import filtered_page
+from resolvers.core.validation import check_display
+from resolvers.domain import access, families
+from resolvers.domain.access import content_reader as may_read
+from resolvers.domain.access import readable_content
 from store import keys
 from store.items import Content, Tag
 from store.port import (

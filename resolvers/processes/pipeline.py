@@ -24,11 +24,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from resolvers import media, notifications
-from resolvers.broker import Broker
-from resolvers.config import Settings
-from resolvers.content import original_key, publish_status
-from resolvers.transcribe import Transcriber, TranscriptionError
+from resolvers.adapters import media
+from resolvers.adapters.broker import Broker
+from resolvers.adapters.transcribe import Transcriber, TranscriptionError
+from resolvers.core.config import Settings
+from resolvers.domain import notifications
+from resolvers.domain.content import original_key, publish_status
 from store import keys
 from store.blobs import BlobStore
 from store.items import IN_PIPELINE, Content, iso

@@ -6,9 +6,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
-from resolvers.broker import Broker, user_channel
-from resolvers.context import Context
-from resolvers.pagination import ItemPage, filtered_page
+from resolvers.adapters.broker import Broker, user_channel
+from resolvers.core.context import Context
+from resolvers.core.pagination import ItemPage, filtered_page
 from store import keys
 from store.items import Content, Family, Membership, Notification
 from store.port import ConditionFailed, Item, NotExists, SortKey, Table, Update, eq

@@ -11,22 +11,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from resolvers.auth import Claims, TokenVerifier, bearer_token
-from resolvers.config import Settings
-from resolvers.cursors import CursorSigner
-from resolvers.errors import ApiError, Unauthenticated
-from resolvers.loaders import Loaders
-from resolvers.ratelimit import RateLimiter, client_address
+from resolvers.core.auth import Claims, TokenVerifier, bearer_token
+from resolvers.core.config import Settings
+from resolvers.core.cursors import CursorSigner
+from resolvers.core.errors import ApiError, Unauthenticated
+from resolvers.core.loaders import Loaders
+from resolvers.core.ratelimit import RateLimiter, client_address
 from store import items
 from store.port import ConditionFailed, NotExists, Table
 
 if TYPE_CHECKING:
     # Built above this module (they use it); named here for their types only.
-    from resolvers.broker import Broker
-    from resolvers.live import EventReads
-    from resolvers.pipeline import Pipeline
-    from resolvers.scheduler import UnlockScheduler
-    from resolvers.transcribe import Transcriber
+    from resolvers.adapters.broker import Broker
+    from resolvers.adapters.transcribe import Transcriber
+    from resolvers.processes.live import EventReads
+    from resolvers.processes.pipeline import Pipeline
+    from resolvers.processes.scheduler import UnlockScheduler
     from store.blobs import BlobStore
 
 T = TypeVar("T")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from resolvers.context import Context
-from resolvers.errors import BadInput
-from resolvers.loaders import QuerySpec
+from resolvers.core.context import Context
+from resolvers.core.errors import BadInput
+from resolvers.core.loaders import QuerySpec
 from store.expressions import cursor_for
 from store.port import Index, InvalidCursor, Item, SortKey
 

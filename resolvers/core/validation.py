@@ -17,7 +17,7 @@ import unicodedata
 
 import emoji as emoji_data
 
-from resolvers.errors import BadInput
+from resolvers.core.errors import BadInput
 
 MAX_SUBJECT = 128
 

@@ -25,11 +25,11 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from typing import TypeVar
 
-from resolvers.access import READERS
-from resolvers.broker import Broker, user_channel
-from resolvers.config import Settings
-from resolvers.notifications import announce, notification_id
-from resolvers.tags import unseal_ops
+from resolvers.adapters.broker import Broker, user_channel
+from resolvers.core.config import Settings
+from resolvers.domain.access import READERS
+from resolvers.domain.notifications import announce, notification_id
+from resolvers.domain.tags import unseal_ops
 from store import keys
 from store.items import Capsule, Content, Notification, iso
 from store.port import (
@@ -182,7 +182,7 @@ class UnlockScheduler:
         self, capsules: list[Capsule]
     ) -> tuple[dict[str, Content], dict[str, set[str]]]:
         """Every capsule's content, and who of its people may read the family
-        now (resolvers.access's rule), in one batch get."""
+        now (resolvers.domain.access's rule), in one batch get."""
         wanted = [keys.content(c.content_id) for c in capsules if c.content_id]
         wanted += [
             keys.member(c.family_id, person) for c in capsules for person in (*c.recipient_ids, c.creator_id)

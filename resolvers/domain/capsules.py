@@ -1,8 +1,8 @@
 """Time capsules: what people do with them, and who may see what.
 
 The moves the unlock scheduler makes (LOCKED -> UNLOCKING -> AVAILABLE) live
-in `resolvers.scheduler`; the upload moves (SCHEDULED -> LOCKED) in
-`resolvers.content`, inside the content's own transaction.
+in `resolvers.processes.scheduler`; the upload moves (SCHEDULED -> LOCKED) in
+`resolvers.domain.content`, inside the content's own transaction.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from resolvers import access, families
-from resolvers.context import Context
-from resolvers.errors import BadInput, Conflict, Forbidden
-from resolvers.pagination import ItemPage, query_page
-from resolvers.validation import clean_text
+from resolvers.core.context import Context
+from resolvers.core.errors import BadInput, Conflict, Forbidden
+from resolvers.core.pagination import ItemPage, query_page
+from resolvers.core.validation import clean_text
+from resolvers.domain import access, families
 from store import keys
 from store.items import Capsule, Content, Recipient, iso
 from store.port import (

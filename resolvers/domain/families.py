@@ -8,12 +8,12 @@ import uuid
 from dataclasses import replace
 from datetime import timedelta
 
-from resolvers import access, notifications
-from resolvers.access import READERS
-from resolvers.context import Context
-from resolvers.errors import BadInput, Conflict, Forbidden, RateLimited, not_found
-from resolvers.pagination import ItemPage, query_page
-from resolvers.validation import clean_text
+from resolvers.core.context import Context
+from resolvers.core.errors import BadInput, Conflict, Forbidden, RateLimited, not_found
+from resolvers.core.pagination import ItemPage, query_page
+from resolvers.core.validation import clean_text
+from resolvers.domain import access, notifications
+from resolvers.domain.access import READERS
 from store import items, keys
 from store.items import Family, Membership
 from store.port import (

@@ -11,8 +11,8 @@ from typing import Any
 
 import jwt
 
-from resolvers.errors import Unauthenticated
-from resolvers.validation import claim_text, subject_problem
+from resolvers.core.errors import Unauthenticated
+from resolvers.core.validation import claim_text, subject_problem
 
 
 @dataclass(frozen=True)

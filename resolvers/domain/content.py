@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 import emoji as emoji_data
 
-from resolvers import access, families, notifications
-from resolvers.broker import Broker, content_channel
-from resolvers.context import Context
-from resolvers.errors import BadInput, Conflict, Forbidden, not_found
-from resolvers.pagination import ItemPage, query_page
-from resolvers.validation import clean_mime_type, clean_optional, clean_text
+from resolvers.adapters.broker import Broker, content_channel
+from resolvers.core.context import Context
+from resolvers.core.errors import BadInput, Conflict, Forbidden, not_found
+from resolvers.core.pagination import ItemPage, query_page
+from resolvers.core.validation import clean_mime_type, clean_optional, clean_text
+from resolvers.domain import access, families, notifications, tags
 from store import keys
 from store.blobs import BlobStore
 from store.items import (
@@ -82,32 +82,17 @@ async def publish_status(broker: Broker | None, content: Content) -> None:
 is_sealed = access.is_sealed
 
 
-async def load_content(ctx: Context, content_id: str) -> Content | None:
-    if "#" in content_id:
-        return None
-    item = await ctx.loaders.item.load(keys.content(content_id))
-    return Content.from_item(item) if item else None
-
-
-async def may_read(ctx: Context, content: Content) -> Membership | None:
-    """The viewer's membership when they may read this content, else None."""
-    if not await access.may_read(ctx, content):
-        return None
-    return await access.reader(ctx, content.family_id)
+# Reading content goes through the read rule's own module; named here too,
+# since most callers think of it as content's.
+load_content = access.load_content
+may_read = access.content_reader
+readable_content = access.readable_content
 
 
 async def _readable_within_rate(ctx: Context, content_id: str, action: str) -> tuple[Content, Membership]:
     """The content, read beside the viewer's rate limit for `action`."""
     _, found = await asyncio.gather(ctx.check_rate(action), readable_content(ctx, content_id))
     return found
-
-
-async def readable_content(ctx: Context, content_id: str) -> tuple[Content, Membership]:
-    content = await load_content(ctx, content_id)
-    membership = await may_read(ctx, content) if content else None
-    if content is None or membership is None:
-        raise not_found("content")
-    return content, membership
 
 
 async def media_url(ctx: Context, content: Content, which: str) -> str | None:
@@ -347,8 +332,6 @@ async def delete_content(ctx: Context, content_id: str) -> bool:
 
 
 async def _tag_cleanup(ctx: Context, content: Content) -> list[WriteOp]:
-    from resolvers import tags  # tags builds on this module
-
     return await tags.cleanup_ops(ctx, content)
 
 

@@ -83,7 +83,7 @@ class Loaders:
     def __init__(self, table: Table) -> None:
         self.item = ItemLoader(table)
         self.query = QueryLoader(table)
-        # Read verdicts of this operation (resolvers.access); whatever changes
+        # Read verdicts of this operation (resolvers.domain.access); whatever changes
         # what was loaded forgets them all, so none outlives what it read.
         self.verdicts: dict[tuple[object, ...], bool] = {}
 

@@ -19,8 +19,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import TypeVar
 
-from resolvers.context import Context
-from resolvers.errors import NotFound, not_found
+from resolvers.core.context import Context
+from resolvers.core.errors import NotFound, not_found
 from store import keys
 from store.items import Capsule, Comment, Content, Family, Membership, Notification, Recipient, Tag
 
@@ -96,11 +96,14 @@ def capsule_role_allows(capsule: Capsule, viewer: str) -> bool:
     return viewer in capsule.recipient_ids and capsule.status in VISIBLE_TO_RECIPIENTS
 
 
-async def _content(ctx: Context, content_id: str) -> Content | None:
+async def load_content(ctx: Context, content_id: str) -> Content | None:
     if "#" in content_id:
         return None
     item = await ctx.loaders.item.load(keys.content(content_id))
     return Content.from_item(item) if item else None
+
+
+_content = load_content
 
 
 async def _capsule(ctx: Context, capsule_id: str) -> Capsule | None:
@@ -182,3 +185,19 @@ async def require(ctx: Context, record: R | None, what: str) -> R:
     if record is None or not await may_read(ctx, record):
         raise not_found(what)
     return record
+
+
+async def content_reader(ctx: Context, content: Content) -> Membership | None:
+    """The viewer's membership when they may read this content, else None."""
+    if not await may_read(ctx, content):
+        return None
+    return await reader(ctx, content.family_id)
+
+
+async def readable_content(ctx: Context, content_id: str) -> tuple[Content, Membership]:
+    """The content and the viewer's membership; NOT_FOUND unless the rule allows it."""
+    content = await load_content(ctx, content_id)
+    membership = await content_reader(ctx, content) if content else None
+    if content is None or membership is None:
+        raise not_found("content")
+    return content, membership

@@ -7,7 +7,7 @@ import binascii
 import hashlib
 import hmac
 
-from resolvers.errors import BadInput
+from resolvers.core.errors import BadInput
 
 _TAG_BYTES = 16
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from resolvers.context import Context
-from resolvers.errors import NotFound, not_found
-from resolvers.families import can_see_user
-from resolvers.validation import clean_text, clean_url
+from resolvers.core.context import Context
+from resolvers.core.errors import NotFound, not_found
+from resolvers.core.validation import clean_text, clean_url
+from resolvers.domain.families import can_see_user
 from store import keys
 from store.items import User
 from store.port import ConditionFailed, Exists, Update

@@ -10,11 +10,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from resolvers import access
-from resolvers import content as content_resolvers
-from resolvers.broker import Broker, content_channel, user_channel
-from resolvers.context import Context
-from resolvers.errors import NotFound
+from resolvers.adapters.broker import Broker, content_channel, user_channel
+from resolvers.core.context import Context
+from resolvers.core.errors import NotFound
+from resolvers.domain import access
+from resolvers.domain import content as content_resolvers
 from store import keys
 from store.items import Capsule, Content, Notification
 from store.port import Item
