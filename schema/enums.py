@@ -1,68 +1,75 @@
+"""The GraphQL enums, their values taken from `store.enums` (one place for each
+value; tests/test_schema_contract.py checks the two sets agree)."""
+
 from __future__ import annotations
 
 from enum import Enum
 
 import strawberry
 
+from store import enums as store_enums
+
 
 @strawberry.enum
 class FamilyRole(Enum):
-    ADMIN = "ADMIN"
-    MEMBER = "MEMBER"
-    PENDING = "PENDING"
+    ADMIN = store_enums.Role.ADMIN.value
+    MEMBER = store_enums.Role.MEMBER.value
+    PENDING = store_enums.Role.PENDING.value
 
 
 @strawberry.enum(description="How a person holding the invite code gets in.")
 class TrustLevel(Enum):
-    OPEN = strawberry.enum_value("OPEN", description="joins as MEMBER at once")
+    OPEN = strawberry.enum_value(store_enums.TrustLevel.OPEN.value, description="joins as MEMBER at once")
     VOUCHED = strawberry.enum_value(
-        "VOUCHED",
+        store_enums.TrustLevel.VOUCHED.value,
         description="joins as PENDING; becomes MEMBER when the vouch score of members reaches "
         "the family's threshold",
     )
-    CLOSED = strawberry.enum_value("CLOSED", description="joins as PENDING; only an ADMIN can approve")
+    CLOSED = strawberry.enum_value(
+        store_enums.TrustLevel.CLOSED.value, description="joins as PENDING; only an ADMIN can approve"
+    )
 
 
 @strawberry.enum
 class ContentType(Enum):
-    VIDEO = "VIDEO"
-    AUDIO = "AUDIO"
-    PHOTO = "PHOTO"
-    TEXT = "TEXT"
+    VIDEO = store_enums.ContentType.VIDEO.value
+    AUDIO = store_enums.ContentType.AUDIO.value
+    PHOTO = store_enums.ContentType.PHOTO.value
+    TEXT = store_enums.ContentType.TEXT.value
 
 
 @strawberry.enum
 class ContentStatus(Enum):
-    UPLOADING = "UPLOADING"
-    PROCESSING = "PROCESSING"
-    TRANSCODING = "TRANSCODING"
-    TRANSCRIBING = "TRANSCRIBING"
-    READY = "READY"
-    DELIVERED = "DELIVERED"
-    ARCHIVED = "ARCHIVED"
-    FAILED = "FAILED"
+    UPLOADING = store_enums.ContentStatus.UPLOADING.value
+    PROCESSING = store_enums.ContentStatus.PROCESSING.value
+    TRANSCODING = store_enums.ContentStatus.TRANSCODING.value
+    TRANSCRIBING = store_enums.ContentStatus.TRANSCRIBING.value
+    READY = store_enums.ContentStatus.READY.value
+    DELIVERED = store_enums.ContentStatus.DELIVERED.value
+    ARCHIVED = store_enums.ContentStatus.ARCHIVED.value
+    FAILED = store_enums.ContentStatus.FAILED.value
 
 
 @strawberry.enum
 class CapsuleStatus(Enum):
-    DRAFT = "DRAFT"
-    SCHEDULED = "SCHEDULED"
-    LOCKED = "LOCKED"
-    UNLOCKING = "UNLOCKING"
-    AVAILABLE = "AVAILABLE"
-    VIEWED = "VIEWED"
-    ARCHIVED = "ARCHIVED"
-    CANCELLED = "CANCELLED"
+    DRAFT = store_enums.CapsuleStatus.DRAFT.value
+    SCHEDULED = store_enums.CapsuleStatus.SCHEDULED.value
+    LOCKED = store_enums.CapsuleStatus.LOCKED.value
+    UNLOCKING = store_enums.CapsuleStatus.UNLOCKING.value
+    AVAILABLE = store_enums.CapsuleStatus.AVAILABLE.value
+    VIEWED = store_enums.CapsuleStatus.VIEWED.value
+    ARCHIVED = store_enums.CapsuleStatus.ARCHIVED.value
+    CANCELLED = store_enums.CapsuleStatus.CANCELLED.value
 
 
 @strawberry.enum
 class NotificationType(Enum):
-    CAPSULE_UNLOCKED = "CAPSULE_UNLOCKED"
-    NEW_CONTENT = "NEW_CONTENT"
-    NEW_COMMENT = "NEW_COMMENT"
-    MEMBER_JOINED = "MEMBER_JOINED"
-    MEMBER_PENDING = "MEMBER_PENDING"
+    CAPSULE_UNLOCKED = store_enums.NotificationType.CAPSULE_UNLOCKED.value
+    NEW_CONTENT = store_enums.NotificationType.NEW_CONTENT.value
+    NEW_COMMENT = store_enums.NotificationType.NEW_COMMENT.value
+    MEMBER_JOINED = store_enums.NotificationType.MEMBER_JOINED.value
+    MEMBER_PENDING = store_enums.NotificationType.MEMBER_PENDING.value
     CAPSULE_EMPTY = strawberry.enum_value(
-        "CAPSULE_EMPTY",
+        store_enums.NotificationType.CAPSULE_EMPTY.value,
         description="to a capsule's creator: its date came with no content, so it stays closed",
     )

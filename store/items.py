@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from store import keys
+from store.enums import CapsuleStatus, ContentStatus
 from store.port import Item, Key, Update, eq
 
 
@@ -260,13 +261,13 @@ class InviteGuesses:
         )
 
 
-IN_PIPELINE = ("PROCESSING", "TRANSCODING", "TRANSCRIBING")
+IN_PIPELINE = (ContentStatus.PROCESSING, ContentStatus.TRANSCODING, ContentStatus.TRANSCRIBING)
 
 
 def _content_gsi2(content_id: str, status: str, since: str) -> dict[str, str]:
     if status in IN_PIPELINE:
         pk, sk = keys.pipeline_gsi2(since, content_id)
-    elif status in ("READY", "DELIVERED"):
+    elif status in (ContentStatus.READY, ContentStatus.DELIVERED):
         pk, sk = keys.archive_gsi2(since, content_id)
     else:
         return {}
@@ -347,7 +348,9 @@ class Content:
         fields: dict[str, Any] = {"status": to, **changes}
         remove: list[str] = []
         ready_at = changes.get("readyAt", self.ready_at) or at
-        gsi2 = _content_gsi2(self.id, to, ready_at if to in ("READY", "DELIVERED") else at)
+        gsi2 = _content_gsi2(
+            self.id, to, ready_at if to in (ContentStatus.READY, ContentStatus.DELIVERED) else at
+        )
         if gsi2:
             fields.update(gsi2)
         else:
@@ -497,7 +500,7 @@ class Capsule:
             "GSI1PK": gsi1pk,
             "GSI1SK": gsi1sk,
         }
-        if self.status in ("SCHEDULED", "LOCKED", "UNLOCKING"):
+        if self.status in (CapsuleStatus.SCHEDULED, CapsuleStatus.LOCKED, CapsuleStatus.UNLOCKING):
             item["GSI2PK"], item["GSI2SK"] = keys.capsule_gsi2(self.unlock_date, self.id, shards)
         return item
 

@@ -105,3 +105,19 @@ def test_the_check_notices_a_retyped_field() -> None:
     assert contract_differences(
         contract, build_schema("type Query { me: String! n(first: Int = 5): Int }")
     ) == ["Query.n(first) defaults to 5, not 20"]
+
+
+def test_the_graphql_enums_hold_exactly_the_store_enums() -> None:
+    from schema import enums as graphql_enums
+    from store import enums as store_enums
+
+    pairs = {
+        graphql_enums.FamilyRole: store_enums.Role,
+        graphql_enums.TrustLevel: store_enums.TrustLevel,
+        graphql_enums.ContentType: store_enums.ContentType,
+        graphql_enums.ContentStatus: store_enums.ContentStatus,
+        graphql_enums.CapsuleStatus: store_enums.CapsuleStatus,
+        graphql_enums.NotificationType: store_enums.NotificationType,
+    }
+    for graphql_enum, store_enum in pairs.items():
+        assert {m.name: m.value for m in graphql_enum} == {m.name: m.value for m in store_enum}

@@ -31,6 +31,8 @@ from typing import Any, TypeVar
 import imageio_ffmpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from store.enums import ContentType
+
 T = TypeVar("T")
 
 __all__ = [
@@ -339,7 +341,7 @@ async def check_kind(probe: Probe, content_type: str) -> None:
     and no sound; Pillow has the final word in :func:`check_photo` / :func:`transcode_photo`.
     """
     kind = content_type.strip().upper()
-    if kind == "VIDEO":
+    if kind == ContentType.VIDEO:
         if not probe.has_video:
             if probe.has_audio:
                 raise MediaError("the file is not a video: it only has sound")
@@ -348,19 +350,19 @@ async def check_kind(probe: Probe, content_type: str) -> None:
             raise MediaError("the file is not a video: it is a still image")
         if probe.duration_seconds is None:
             raise MediaError("the file is not a video: it has no duration")
-    elif kind == "AUDIO":
+    elif kind == ContentType.AUDIO:
         if not probe.has_audio:
             raise MediaError("the file is not audio: no audio stream found")
         if probe.has_video:
             raise MediaError("the file is not audio: it contains video, upload it as a video")
-    elif kind == "PHOTO":
+    elif kind == ContentType.PHOTO:
         if probe.has_audio:
             raise MediaError("the file is not a photo: it contains sound")
         if not probe.has_video or probe.width is None or probe.height is None:
             raise MediaError("the file is not a photo: no picture found")
         if not probe.is_still_image and probe.duration_seconds is not None:
             raise MediaError("the file is not a photo: it is a video")
-    elif kind == "TEXT":
+    elif kind == ContentType.TEXT:
         raise MediaError("text posts do not carry a media file")
     else:
         raise MediaError(f"unknown content type {content_type!r}")

@@ -240,7 +240,7 @@ class AwsTranscriber:
             status = job.get("TranscriptionJobStatus")
             if status == "COMPLETED":
                 return job
-            if status == "FAILED":
+            if status == "FAILED":  # AWS Transcribe's job status, not one of ours
                 reason = job.get("FailureReason") or "no reason given"
                 raise TranscriptionError(f"transcription job {job_name!r} failed: {reason}")
             remaining = deadline - time.monotonic()

@@ -22,13 +22,23 @@ from typing import TypeVar
 from resolvers.core.context import Context
 from resolvers.core.errors import NotFound, not_found
 from store import keys
+from store.enums import CapsuleStatus, Role
 from store.items import Capsule, Comment, Content, Family, Membership, Notification, Recipient, Tag
 
-READERS = frozenset({"ADMIN", "MEMBER"})
+READERS = frozenset({Role.ADMIN, Role.MEMBER})
 # Recipients may know of a capsule once it is scheduled, and never while it is
 # a DRAFT or after it was CANCELLED.
-VISIBLE_TO_RECIPIENTS = frozenset({"SCHEDULED", "LOCKED", "UNLOCKING", "AVAILABLE", "VIEWED", "ARCHIVED"})
-OPEN = frozenset({"AVAILABLE", "VIEWED", "ARCHIVED"})
+VISIBLE_TO_RECIPIENTS = frozenset(
+    {
+        CapsuleStatus.SCHEDULED,
+        CapsuleStatus.LOCKED,
+        CapsuleStatus.UNLOCKING,
+        CapsuleStatus.AVAILABLE,
+        CapsuleStatus.VIEWED,
+        CapsuleStatus.ARCHIVED,
+    }
+)
+OPEN = frozenset({CapsuleStatus.AVAILABLE, CapsuleStatus.VIEWED, CapsuleStatus.ARCHIVED})
 
 Record = Family | Membership | Content | Capsule | Comment | Recipient | Tag | Notification
 R = TypeVar("R", bound=Record)

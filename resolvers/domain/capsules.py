@@ -18,6 +18,7 @@ from resolvers.core.pagination import ItemPage, query_page
 from resolvers.core.validation import clean_text
 from resolvers.domain import access, families
 from store import keys
+from store.enums import CapsuleStatus
 from store.items import Capsule, Content, Recipient, iso
 from store.port import (
     ConditionFailed,
@@ -112,7 +113,7 @@ async def create_capsule(
         creator_id=viewer,
         title=title,
         unlock_date=unlock,
-        status="DRAFT",
+        status=CapsuleStatus.DRAFT,
         created_at=ctx.services.now_iso(),
         recipient_ids=tuple(wanted),
     )
@@ -124,17 +125,17 @@ async def create_capsule(
 
 async def schedule_capsule(ctx: Context, capsule_id: str) -> Capsule:
     capsule = await own_capsule(ctx, capsule_id)
-    if capsule.status != "DRAFT":
+    if capsule.status != CapsuleStatus.DRAFT:
         raise Conflict(f"only a DRAFT capsule can be scheduled (status {capsule.status})")
     if capsule.unlock_date <= ctx.services.now_iso():
         raise BadInput("the unlock date has passed; create a new capsule")
-    scheduled = Capsule(**{**capsule.__dict__, "status": "SCHEDULED"})
+    scheduled = Capsule(**{**capsule.__dict__, "status": CapsuleStatus.SCHEDULED})
     item = scheduled.to_item(shards(ctx))
     ops: list[WriteOp] = [
         Update(
             capsule.key,
-            set={"status": "SCHEDULED", "GSI2PK": item["GSI2PK"], "GSI2SK": item["GSI2SK"]},
-            condition=eq("status", "DRAFT"),
+            set={"status": CapsuleStatus.SCHEDULED, "GSI2PK": item["GSI2PK"], "GSI2SK": item["GSI2SK"]},
+            condition=eq("status", CapsuleStatus.DRAFT),
         ),
     ]
     for user in capsule.recipient_ids:
@@ -150,12 +151,12 @@ async def schedule_capsule(ctx: Context, capsule_id: str) -> Capsule:
 
 async def cancel_capsule(ctx: Context, capsule_id: str) -> Capsule:
     capsule = await own_capsule(ctx, capsule_id)
-    if capsule.status not in ("DRAFT", "SCHEDULED"):
+    if capsule.status not in (CapsuleStatus.DRAFT, CapsuleStatus.SCHEDULED):
         raise Conflict(f"a {capsule.status} capsule cannot be cancelled")
     ops: list[WriteOp] = [
         Update(
             capsule.key,
-            set={"status": "CANCELLED"},
+            set={"status": CapsuleStatus.CANCELLED},
             remove=["GSI2PK", "GSI2SK"],
             condition=eq("status", capsule.status),
         ),
@@ -169,7 +170,7 @@ async def cancel_capsule(ctx: Context, capsule_id: str) -> Capsule:
     except TransactionCancelled as error:
         raise Conflict("the capsule changed meanwhile; it may be LOCKED now") from error
     ctx.loaders.forget(capsule.key)
-    return Capsule(**{**capsule.__dict__, "status": "CANCELLED"})
+    return Capsule(**{**capsule.__dict__, "status": CapsuleStatus.CANCELLED})
 
 
 async def open_capsule(ctx: Context, capsule_id: str) -> Capsule:
@@ -177,20 +178,20 @@ async def open_capsule(ctx: Context, capsule_id: str) -> Capsule:
     capsule = await visible_capsule(ctx, capsule_id)
     if viewer not in capsule.recipient_ids:
         raise Forbidden("only a recipient can open this capsule")
-    if capsule.status not in ("AVAILABLE", "VIEWED"):
+    if capsule.status not in (CapsuleStatus.AVAILABLE, CapsuleStatus.VIEWED):
         raise Conflict(f"the capsule is not open yet (status {capsule.status})")
     for _ in range(3):
         now = ctx.services.now_iso()
         ops: list[WriteOp] = [
             Update(keys.recipient(capsule.id, viewer), set={"viewedAt": now}, condition=eq("viewedAt", None)),
         ]
-        if capsule.status == "AVAILABLE":
+        if capsule.status == CapsuleStatus.AVAILABLE:
             gsi2pk, gsi2sk = keys.retention_gsi2(now, capsule.id)
             ops.append(
                 Update(
                     capsule.key,
-                    set={"status": "VIEWED", "viewedAt": now, "GSI2PK": gsi2pk, "GSI2SK": gsi2sk},
-                    condition=eq("status", "AVAILABLE"),
+                    set={"status": CapsuleStatus.VIEWED, "viewedAt": now, "GSI2PK": gsi2pk, "GSI2SK": gsi2sk},
+                    condition=eq("status", CapsuleStatus.AVAILABLE),
                 )
             )
         try:
@@ -273,9 +274,9 @@ async def archive_viewed(table: Table, now: datetime, retention_days: int) -> in
                 await table.update(
                     Update(
                         (item["PK"], item["SK"]),
-                        set={"status": "ARCHIVED"},
+                        set={"status": CapsuleStatus.ARCHIVED},
                         remove=["GSI2PK", "GSI2SK"],
-                        condition=eq("status", "VIEWED"),
+                        condition=eq("status", CapsuleStatus.VIEWED),
                     )
                 )
             except ConditionFailed:

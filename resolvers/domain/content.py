@@ -20,6 +20,7 @@ from resolvers.core.validation import clean_mime_type, clean_optional, clean_tex
 from resolvers.domain import access, families, notifications, tags
 from store import keys
 from store.blobs import BlobStore
+from store.enums import CapsuleStatus, ContentStatus, ContentType, NotificationType, Role
 from store.items import (
     IN_PIPELINE,
     Capsule,
@@ -45,7 +46,12 @@ from store.port import (
     eq,
 )
 
-MIME_PREFIX = {"VIDEO": "video/", "AUDIO": "audio/", "PHOTO": "image/", "TEXT": "text/"}
+MIME_PREFIX: dict[str, str] = {
+    ContentType.VIDEO: "video/",
+    ContentType.AUDIO: "audio/",
+    ContentType.PHOTO: "image/",
+    ContentType.TEXT: "text/",
+}
 MAX_TITLE = 200
 MAX_COMMENT = 2000
 UPLOAD_URL_SECONDS = 15 * 60
@@ -96,7 +102,7 @@ async def _readable_within_rate(ctx: Context, content_id: str, action: str) -> t
 
 
 async def media_url(ctx: Context, content: Content, which: str) -> str | None:
-    if content.status not in ("READY", "DELIVERED"):
+    if content.status not in (ContentStatus.READY, ContentStatus.DELIVERED):
         return None
     key = content.media_key if which == "media" else content.thumbnail_key
     if key is None:
@@ -163,7 +169,7 @@ async def create_upload(
         family_id=family_id,
         author_id=viewer,
         type=content_type,
-        status="UPLOADING",
+        status=ContentStatus.UPLOADING,
         mime_type=mime,
         size_bytes=size_bytes,
         created_at=ctx.services.now_iso(),
@@ -178,7 +184,7 @@ async def create_upload(
             Update(
                 capsule.key,
                 set={"contentId": content.id},
-                condition=all_of(eq("status", "SCHEDULED"), eq("contentId", None)),
+                condition=all_of(eq("status", CapsuleStatus.SCHEDULED), eq("contentId", None)),
             )
         )
     try:
@@ -199,7 +205,7 @@ async def _capsule_for_upload(ctx: Context, capsule_id: str, family_id: str, vie
         raise not_found("capsule")
     if capsule.family_id != family_id:
         raise BadInput("the capsule belongs to another family")
-    if capsule.status != "SCHEDULED" or capsule.content_id is not None:
+    if capsule.status != CapsuleStatus.SCHEDULED or capsule.content_id is not None:
         raise Conflict("content can be added only to a SCHEDULED capsule without content")
     if capsule.unlock_date <= ctx.services.now_iso():
         raise Conflict("the capsule's unlock date has passed; it stays closed")
@@ -215,7 +221,7 @@ async def _own_content(ctx: Context, content_id: str) -> Content:
 
 async def complete_upload(ctx: Context, content_id: str) -> Content:
     content = await _own_content(ctx, content_id)
-    if content.status != "UPLOADING":
+    if content.status != ContentStatus.UPLOADING:
         raise Conflict(f"the upload is already complete (status {content.status})")
     size = await blobs_of(ctx).head(original_key(content))
     if size is None:
@@ -223,7 +229,7 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
     if size != content.size_bytes:
         raise BadInput(f"the upload has {size} bytes, but {content.size_bytes} were announced")
     now = ctx.services.now_iso()
-    ops: list[WriteOp] = [content.transition("PROCESSING", now)]
+    ops: list[WriteOp] = [content.transition(ContentStatus.PROCESSING, now)]
     if content.capsule_id is not None:
         capsule_item = await ctx.table.get(keys.capsule(content.capsule_id))
         if capsule_item is None or capsule_item["unlockDate"] <= now:
@@ -231,8 +237,8 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
         ops.append(
             Update(
                 keys.capsule(content.capsule_id),
-                set={"status": "LOCKED"},
-                condition=all_of(eq("status", "SCHEDULED"), eq("contentId", content.id)),
+                set={"status": CapsuleStatus.LOCKED},
+                condition=all_of(eq("status", CapsuleStatus.SCHEDULED), eq("contentId", content.id)),
             )
         )
     try:
@@ -242,7 +248,7 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
             raise Conflict("the upload is already complete") from error
         raise Conflict("the capsule is no longer SCHEDULED") from error
     ctx.loaders.forget(content.key)
-    moved = Content(**{**content.__dict__, "status": "PROCESSING"})
+    moved = Content(**{**content.__dict__, "status": ContentStatus.PROCESSING})
     await _to_pipeline(ctx, moved)
     return moved
 
@@ -257,7 +263,9 @@ async def retry_content(ctx: Context, content_id: str) -> Content:
     ran out with nobody picking it up), goes back to PROCESSING."""
     content = await _own_content(ctx, content_id)
     now = ctx.services.now_iso()
-    move = content.transition("PROCESSING", now, failureReason=None, leaseUntil=None, leaseOwner=None)
+    move = content.transition(
+        ContentStatus.PROCESSING, now, failureReason=None, leaseUntil=None, leaseOwner=None
+    )
     if content.status in IN_PIPELINE:
         item = await ctx.loaders.item.load(content.key)
         lease = (item or {}).get("leaseUntil")
@@ -265,7 +273,7 @@ async def retry_content(ctx: Context, content_id: str) -> Content:
             raise Conflict(f"the content is being processed (status {content.status}); wait for it")
         # Only while the lease is still the expired one read here.
         move = replace(move, condition=all_of(eq("status", content.status), eq("leaseUntil", lease)))
-    elif content.status != "FAILED":
+    elif content.status != ContentStatus.FAILED:
         raise Conflict(f"only FAILED or stalled content can be retried (status {content.status})")
     try:
         item = await ctx.table.update(move)
@@ -279,7 +287,7 @@ async def retry_content(ctx: Context, content_id: str) -> Content:
 
 async def restore_content(ctx: Context, content_id: str) -> Content:
     content, _ = await readable_content(ctx, content_id)
-    if content.status != "ARCHIVED":
+    if content.status != ContentStatus.ARCHIVED:
         raise Conflict(f"only ARCHIVED content can be restored (status {content.status})")
     blobs = blobs_of(ctx)
     for key in (content.media_key, content.thumbnail_key):
@@ -287,7 +295,7 @@ async def restore_content(ctx: Context, content_id: str) -> Content:
             await blobs.restore(key)
     now = ctx.services.now_iso()
     try:
-        item = await ctx.table.update(content.transition("READY", now, readyAt=now))
+        item = await ctx.table.update(content.transition(ContentStatus.READY, now, readyAt=now))
     except ConditionFailed as error:
         raise Conflict("the content changed meanwhile") from error
     ctx.loaders.remember(item)
@@ -298,10 +306,10 @@ async def restore_content(ctx: Context, content_id: str) -> Content:
 
 async def mark_viewed(ctx: Context, content_id: str) -> Content:
     content, membership = await readable_content(ctx, content_id)
-    if content.status != "READY" or content.author_id == membership.user_id:
+    if content.status != ContentStatus.READY or content.author_id == membership.user_id:
         return content
     try:
-        item = await ctx.table.update(content.transition("DELIVERED", ctx.services.now_iso()))
+        item = await ctx.table.update(content.transition(ContentStatus.DELIVERED, ctx.services.now_iso()))
     except ConditionFailed:
         # Someone else's first view won; the content is DELIVERED either way.
         ctx.loaders.forget(content.key)
@@ -315,7 +323,7 @@ async def mark_viewed(ctx: Context, content_id: str) -> Content:
 
 async def delete_content(ctx: Context, content_id: str) -> bool:
     content, membership = await readable_content(ctx, content_id)
-    if content.author_id != membership.user_id and membership.role != "ADMIN":
+    if content.author_id != membership.user_id and membership.role != Role.ADMIN:
         raise Forbidden("only the author or an ADMIN can delete this content")
     if is_sealed(content):
         raise Conflict("sealed capsule content cannot be deleted")
@@ -397,8 +405,8 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
     if content.author_id != membership.user_id and author_reads:
         note = Notification(
             user_id=content.author_id,
-            id=notifications.notification_id("NEW_COMMENT", comment.id, content.author_id),
-            type="NEW_COMMENT",
+            id=notifications.notification_id(NotificationType.NEW_COMMENT, comment.id, content.author_id),
+            type=NotificationType.NEW_COMMENT,
             created_at=comment.created_at,
             family_id=content.family_id,
             content_id=content.id,
@@ -414,7 +422,7 @@ async def delete_comment(ctx: Context, content_id: str, comment_id: str) -> bool
     if key is None or item is None:
         raise not_found("comment")
     comment = Comment.from_item(item)
-    if comment.author_id != membership.user_id and membership.role != "ADMIN":
+    if comment.author_id != membership.user_id and membership.role != Role.ADMIN:
         raise Forbidden("only the comment's author or an ADMIN can delete it")
     try:
         await ctx.table.transact(

@@ -15,6 +15,7 @@ from resolvers.core.validation import clean_text
 from resolvers.domain import access, notifications
 from resolvers.domain.access import READERS
 from store import items, keys
+from store.enums import Role, TrustLevel
 from store.items import Family, Membership
 from store.port import (
     Check,
@@ -32,7 +33,7 @@ from store.port import (
     eq,
 )
 
-TRUST_LEVELS = ("OPEN", "VOUCHED", "CLOSED")
+TRUST_LEVELS = (TrustLevel.OPEN, TrustLevel.VOUCHED, TrustLevel.CLOSED)
 MAX_FAMILY_NAME = 100
 MAX_VOUCH_THRESHOLD = 100
 
@@ -94,7 +95,7 @@ async def readable_family(ctx: Context, family_id: str) -> tuple[Family, Members
 
 async def admin_family(ctx: Context, family_id: str) -> tuple[Family, Membership]:
     family, membership = await visible_family(ctx, family_id)
-    if membership.role != "ADMIN":
+    if membership.role != Role.ADMIN:
         raise Forbidden("only an ADMIN of this family can do that")
     return family, membership
 
@@ -173,7 +174,7 @@ async def create_family(ctx: Context, name: str, trust_level: str, vouch_thresho
         ops: list[WriteOp] = [
             Put(family_item, NotExists()),
             Put(items.Invite(family.invite_code, family.id).to_item(), NotExists()),
-            *_join_ops(Membership(family.id, viewer, "ADMIN", now)),
+            *_join_ops(Membership(family.id, viewer, Role.ADMIN, now)),
         ]
         try:
             await ctx.table.transact(ops)
@@ -262,7 +263,7 @@ async def join_family(ctx: Context, invite_code: str) -> Membership:
     family = await load_family(ctx, invite.family_id)
     if family is None:
         raise BadInput("that invite code is not valid; check it with the family's admin")
-    role = "MEMBER" if family.trust_level == "OPEN" else "PENDING"
+    role = Role.MEMBER if family.trust_level == TrustLevel.OPEN else Role.PENDING
     membership = Membership(family.id, viewer, role, ctx.services.now_iso())
     try:
         await ctx.table.transact(
@@ -284,13 +285,13 @@ async def vouch(ctx: Context, family_id: str, user_id: str) -> Membership:
     family, me = await visible_family(ctx, family_id)
     if me.role not in READERS:
         raise Forbidden("only a MEMBER or ADMIN can vouch")
-    if family.trust_level != "VOUCHED":
+    if family.trust_level != TrustLevel.VOUCHED:
         raise Conflict("this family does not admit members by vouching")
     for _ in range(5):
         target = await load_membership(ctx, family_id, user_id)
         if target is None:
             raise not_found("member")
-        if target.role != "PENDING":
+        if target.role != Role.PENDING:
             raise Conflict("that member is not pending")
         score = target.vouch_score + 1
         promote = score >= family.vouch_threshold
@@ -301,9 +302,9 @@ async def vouch(ctx: Context, family_id: str, user_id: str) -> Membership:
                     Put(vouch_item.to_item(), NotExists()),
                     Update(
                         target.key,
-                        set={"role": "MEMBER"} if promote else {},
+                        set={"role": Role.MEMBER} if promote else {},
                         add={"vouchScore": 1},
-                        condition=all_of(eq("role", "PENDING"), eq("vouchScore", target.vouch_score)),
+                        condition=all_of(eq("role", Role.PENDING), eq("vouchScore", target.vouch_score)),
                     ),
                 ]
             )
@@ -313,7 +314,7 @@ async def vouch(ctx: Context, family_id: str, user_id: str) -> Membership:
             ctx.loaders.forget(target.key)
             continue  # another vouch landed first: read again
         ctx.loaders.forget(target.key)
-        updated = replace(target, vouch_score=score, role="MEMBER" if promote else "PENDING")
+        updated = replace(target, vouch_score=score, role=Role.MEMBER if promote else Role.PENDING)
         if promote:
             await notifications.member_admitted(ctx, family, updated)
         return updated
@@ -325,14 +326,16 @@ async def approve_member(ctx: Context, family_id: str, user_id: str) -> Membersh
     target = await load_membership(ctx, family_id, user_id)
     if target is None:
         raise not_found("member")
-    if target.role != "PENDING":
+    if target.role != Role.PENDING:
         raise Conflict("that member is not pending")
     try:
-        await ctx.table.update(Update(target.key, set={"role": "MEMBER"}, condition=eq("role", "PENDING")))
+        await ctx.table.update(
+            Update(target.key, set={"role": Role.MEMBER}, condition=eq("role", Role.PENDING))
+        )
     except ConditionFailed as error:
         raise Conflict("that member is not pending") from error
     ctx.loaders.forget(target.key)
-    updated = replace(target, role="MEMBER")
+    updated = replace(target, role=Role.MEMBER)
     await notifications.member_admitted(ctx, family, updated)
     return updated
 
@@ -342,7 +345,7 @@ async def _leave(ctx: Context, family: Family, target: Membership) -> None:
         Delete(target.key, eq("role", target.role)),
         Delete(keys.user_family(target.user_id, family.id)),
     ]
-    if target.role == "ADMIN":
+    if target.role == Role.ADMIN:
         # The admin count on the family item makes "never the last ADMIN" race-free.
         ops.append(Update(family.key, add={"adminCount": -1}, condition=Compare("adminCount", ">", 1)))
     vouches = await ctx.table.query(

@@ -10,6 +10,7 @@ from resolvers.adapters.broker import Broker, user_channel
 from resolvers.core.context import Context
 from resolvers.core.pagination import ItemPage, filtered_page
 from store import keys
+from store.enums import NotificationType, Role, TrustLevel
 from store.items import Content, Family, Membership, Notification
 from store.port import ConditionFailed, Item, NotExists, SortKey, Table, Update, eq
 
@@ -59,34 +60,34 @@ async def content_ready(table: Table, broker: Broker | None, content: Content, a
     notes = [
         Notification(
             user_id=m.user_id,
-            id=notification_id("NEW_CONTENT", content.id, m.user_id),
-            type="NEW_CONTENT",
+            id=notification_id(NotificationType.NEW_CONTENT, content.id, m.user_id),
+            type=NotificationType.NEW_CONTENT,
             created_at=content.ready_at or at,
             family_id=content.family_id,
             content_id=content.id,
         )
         for m in await family_members(table, content.family_id)
-        if m.role in ("ADMIN", "MEMBER") and m.user_id != content.author_id
+        if m.role in (Role.ADMIN, Role.MEMBER) and m.user_id != content.author_id
     ]
     await write(table, broker, notes)
 
 
 async def member_joined(ctx: Context, family: Family, joined: Membership) -> None:
     members = await family_members(ctx.table, family.id)
-    if joined.role == "PENDING":
-        kind = "MEMBER_PENDING"
-        can_admit = ("ADMIN", "MEMBER") if family.trust_level == "VOUCHED" else ("ADMIN",)
+    if joined.role == Role.PENDING:
+        kind = NotificationType.MEMBER_PENDING
+        can_admit = (Role.ADMIN, Role.MEMBER) if family.trust_level == TrustLevel.VOUCHED else (Role.ADMIN,)
         to = [m.user_id for m in members if m.role in can_admit and m.user_id != joined.user_id]
     else:
-        kind = "MEMBER_JOINED"
-        to = [m.user_id for m in members if m.role == "ADMIN" and m.user_id != joined.user_id]
+        kind = NotificationType.MEMBER_JOINED
+        to = [m.user_id for m in members if m.role == Role.ADMIN and m.user_id != joined.user_id]
     await _family_note(ctx, family, joined, kind, to)
 
 
 async def member_admitted(ctx: Context, family: Family, admitted: Membership) -> None:
     members = await family_members(ctx.table, family.id)
-    to = [m.user_id for m in members if m.role == "ADMIN" and m.user_id != admitted.user_id]
-    await _family_note(ctx, family, admitted, "MEMBER_JOINED", to)
+    to = [m.user_id for m in members if m.role == Role.ADMIN and m.user_id != admitted.user_id]
+    await _family_note(ctx, family, admitted, NotificationType.MEMBER_JOINED, to)
 
 
 async def _family_note(

@@ -32,6 +32,7 @@ from resolvers.domain import notifications
 from resolvers.domain.content import original_key, publish_status
 from store import keys
 from store.blobs import BlobStore
+from store.enums import ContentStatus, ContentType
 from store.items import IN_PIPELINE, Content, iso
 from store.port import (
     Compare,
@@ -194,9 +195,9 @@ class Pipeline:
                     set={"leaseUntil": iso(now + self.lease), "leaseOwner": self.owner},
                     condition=all_of(
                         any_of(
-                            eq("status", "PROCESSING"),
-                            eq("status", "TRANSCODING"),
-                            eq("status", "TRANSCRIBING"),
+                            eq("status", ContentStatus.PROCESSING),
+                            eq("status", ContentStatus.TRANSCODING),
+                            eq("status", ContentStatus.TRANSCRIBING),
                         ),
                         any_of(
                             NotExists("leaseUntil"),
@@ -225,35 +226,37 @@ class Pipeline:
         what earlier steps recorded from the claimed item."""
         source = workdir / "original"
         outputs: Outputs | None = None
-        if content.status == "PROCESSING":
+        if content.status == ContentStatus.PROCESSING:
             await self.blobs.fetch_to_file(original_key(content), source)
             await self._check(content, source)
-            content = await self._move(content, "TRANSCODING")
-        if content.status == "TRANSCODING":
+            content = await self._move(content, ContentStatus.TRANSCODING)
+        if content.status == ContentStatus.TRANSCODING:
             if not source.exists():
                 await self.blobs.fetch_to_file(original_key(content), source)
             outputs = await self._transcode(content, source, workdir)
             content = await self._move(
                 content,
-                "TRANSCRIBING",
+                ContentStatus.TRANSCRIBING,
                 mediaKey=outputs.media_key,
                 thumbnailKey=outputs.thumbnail_key,
                 hasAudio=outputs.has_audio,
                 mediaFormat=outputs.media_format,
             )
-        if content.status == "TRANSCRIBING":
+        if content.status == ContentStatus.TRANSCRIBING:
             has_audio = outputs.has_audio if outputs else bool(claimed.get("hasAudio"))
             media_format = outputs.media_format if outputs else claimed.get("mediaFormat")
             transcription = await self._transcribe(content, has_audio, media_format)
             ready_at = iso(self.clock())
-            content = await self._move(content, "READY", transcription=transcription, readyAt=ready_at)
+            content = await self._move(
+                content, ContentStatus.READY, transcription=transcription, readyAt=ready_at
+            )
             await notifications.content_ready(self.table, self.broker, content, ready_at)
 
     async def _check(self, content: Content, source: Path) -> None:
-        if content.type == "TEXT":
+        if content.type == ContentType.TEXT:
             await media.check_text(source)
             return
-        if content.type == "PHOTO":
+        if content.type == ContentType.PHOTO:
             await media.check_photo(source)
             return
         probe = await media.probe(source)
@@ -261,16 +264,16 @@ class Pipeline:
 
     async def _transcode(self, content: Content, source: Path, workdir: Path) -> Outputs:
         base = f"content/{content.id}"
-        if content.type == "TEXT":
+        if content.type == ContentType.TEXT:
             return Outputs(original_key(content), None, False, None)
-        if content.type == "PHOTO":
+        if content.type == ContentType.PHOTO:
             photo, thumb = workdir / "media.jpg", workdir / "thumb.jpg"
             await media.transcode_photo(source, photo, thumb)
             await self.blobs.put_file(f"{base}/media.jpg", photo, "image/jpeg")
             await self.blobs.put_file(f"{base}/thumb.jpg", thumb, "image/jpeg")
             return Outputs(f"{base}/media.jpg", f"{base}/thumb.jpg", False, None)
         probed = await media.probe(source)
-        if content.type == "VIDEO":
+        if content.type == ContentType.VIDEO:
             video, thumb = workdir / "media.mp4", workdir / "thumb.jpg"
             await media.transcode_video(source, video, thumb, probed=probed)
             await self.blobs.put_file(f"{base}/media.mp4", video, "video/mp4")
@@ -303,7 +306,7 @@ class Pipeline:
         if content.status not in IN_PIPELINE:
             return
         with contextlib.suppress(ConditionFailed):
-            await self._move(content, "FAILED", failureReason=reason[:500])
+            await self._move(content, ContentStatus.FAILED, failureReason=reason[:500])
 
     # Archive sweep --------------------------------------------------------------
 
@@ -320,12 +323,12 @@ class Pipeline:
         return archived
 
     async def _archive(self, content: Content) -> int:
-        if content.status not in ("READY", "DELIVERED"):
+        if content.status not in (ContentStatus.READY, ContentStatus.DELIVERED):
             return 0
         for key in _blob_keys(content):
             await self.blobs.archive(key)
         try:
-            await self._move(content, "ARCHIVED")
+            await self._move(content, ContentStatus.ARCHIVED)
         except ConditionFailed:
             return 0
         return 1

@@ -31,6 +31,7 @@ from resolvers.domain.access import READERS
 from resolvers.domain.notifications import announce, notification_id
 from resolvers.domain.tags import unseal_ops
 from store import keys
+from store.enums import CapsuleStatus, ContentStatus, NotificationType
 from store.items import Capsule, Content, Notification, iso
 from store.port import (
     ConditionFailed,
@@ -131,10 +132,12 @@ class UnlockScheduler:
         )
         due = [Capsule.from_item(item) for page in pages for item in page]
         for capsule in due:
-            if capsule.status == "SCHEDULED":
+            if capsule.status == CapsuleStatus.SCHEDULED:
                 await self._guarded(capsule, self._tell_empty(capsule, result), result)
         won = await self._each(
-            [c for c in due if c.status == "LOCKED"], lambda capsule: self._win(capsule, now_iso), result
+            [c for c in due if c.status == CapsuleStatus.LOCKED],
+            lambda capsule: self._win(capsule, now_iso),
+            result,
         )
         # UNLOCKING capsules another process won a moment ago are theirs to finish;
         # only those left alone for a while (a crash) are taken over.
@@ -143,10 +146,10 @@ class UnlockScheduler:
         unlocking = [
             c
             for c in due
-            if c.status == "UNLOCKING"
+            if c.status == CapsuleStatus.UNLOCKING
             and c.id not in self._mine
             and (c.unlocking_at or c.unlock_date) < abandoned
-        ] + [c for c in due if c.status == "UNLOCKING" and c.id in self._mine]
+        ] + [c for c in due if c.status == CapsuleStatus.UNLOCKING and c.id in self._mine]
         unlocking += [c for c in won if c is not None]
         contents, readers = await self._contents_and_readers(unlocking)
         finished = await self._each(
@@ -218,8 +221,8 @@ class UnlockScheduler:
             item = await self.table.update(
                 Update(
                     capsule.key,
-                    set={"status": "UNLOCKING", "unlockingAt": now_iso},
-                    condition=eq("status", "LOCKED"),
+                    set={"status": CapsuleStatus.UNLOCKING, "unlockingAt": now_iso},
+                    condition=eq("status", CapsuleStatus.LOCKED),
                 )
             )
         except ConditionFailed:
@@ -231,7 +234,7 @@ class UnlockScheduler:
     ) -> bool:
         """True when the capsule is AVAILABLE (by us or by another process)."""
         unlocking_at = capsule.unlocking_at or capsule.unlock_date
-        if content is None or content.status not in ("READY", "DELIVERED"):
+        if content is None or content.status not in (ContentStatus.READY, ContentStatus.DELIVERED):
             result.waiting += 1
             return False  # the content is still processing (or failed): wait
         # The capsule stays the family's and opens for its recipients; only those
@@ -241,8 +244,8 @@ class UnlockScheduler:
         notes = [
             Notification(
                 user_id=user,
-                id=notification_id("CAPSULE_UNLOCKED", capsule.id, user),
-                type="CAPSULE_UNLOCKED",
+                id=notification_id(NotificationType.CAPSULE_UNLOCKED, capsule.id, user),
+                type=NotificationType.CAPSULE_UNLOCKED,
                 created_at=unlocking_at,
                 family_id=capsule.family_id,
                 content_id=content.id,
@@ -253,9 +256,9 @@ class UnlockScheduler:
         ops: list[WriteOp] = [
             Update(
                 capsule.key,
-                set={"status": "AVAILABLE", "notificationSent": True, "unlockedAt": unlocking_at},
+                set={"status": CapsuleStatus.AVAILABLE, "notificationSent": True, "unlockedAt": unlocking_at},
                 remove=["GSI2PK", "GSI2SK"],
-                condition=eq("status", "UNLOCKING"),
+                condition=eq("status", CapsuleStatus.UNLOCKING),
             ),
             Update(content.key, set=content.feed_keys(), condition=Exists()),
             *(
@@ -299,8 +302,8 @@ class UnlockScheduler:
             return
         note = Notification(
             user_id=capsule.creator_id,
-            id=notification_id("CAPSULE_EMPTY", capsule.id),
-            type="CAPSULE_EMPTY",
+            id=notification_id(NotificationType.CAPSULE_EMPTY, capsule.id),
+            type=NotificationType.CAPSULE_EMPTY,
             created_at=capsule.unlock_date,
             family_id=capsule.family_id,
             capsule_id=capsule.id,
@@ -310,7 +313,9 @@ class UnlockScheduler:
         # all the same, so no later pass asks again.
         tell = creator is not None and creator.get("role") in READERS
         ops: list[WriteOp] = [
-            Update(capsule.key, set={"creatorToldEmpty": True}, condition=eq("status", "SCHEDULED"))
+            Update(
+                capsule.key, set={"creatorToldEmpty": True}, condition=eq("status", CapsuleStatus.SCHEDULED)
+            )
         ]
         if tell:
             ops.append(Put(note.to_item(), NotExists()))

@@ -1,0 +1,57 @@
+"""The closed sets of values records hold: roles, trust levels, kinds and
+states. `schema/enums.py` builds the GraphQL enums from these, so a value is
+written once."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Role(StrEnum):
+    ADMIN = "ADMIN"
+    MEMBER = "MEMBER"
+    PENDING = "PENDING"
+
+
+class TrustLevel(StrEnum):
+    OPEN = "OPEN"
+    VOUCHED = "VOUCHED"
+    CLOSED = "CLOSED"
+
+
+class ContentType(StrEnum):
+    VIDEO = "VIDEO"
+    AUDIO = "AUDIO"
+    PHOTO = "PHOTO"
+    TEXT = "TEXT"
+
+
+class ContentStatus(StrEnum):
+    UPLOADING = "UPLOADING"
+    PROCESSING = "PROCESSING"
+    TRANSCODING = "TRANSCODING"
+    TRANSCRIBING = "TRANSCRIBING"
+    READY = "READY"
+    DELIVERED = "DELIVERED"
+    ARCHIVED = "ARCHIVED"
+    FAILED = "FAILED"
+
+
+class CapsuleStatus(StrEnum):
+    DRAFT = "DRAFT"
+    SCHEDULED = "SCHEDULED"
+    LOCKED = "LOCKED"
+    UNLOCKING = "UNLOCKING"
+    AVAILABLE = "AVAILABLE"
+    VIEWED = "VIEWED"
+    ARCHIVED = "ARCHIVED"
+    CANCELLED = "CANCELLED"
+
+
+class NotificationType(StrEnum):
+    CAPSULE_UNLOCKED = "CAPSULE_UNLOCKED"
+    NEW_CONTENT = "NEW_CONTENT"
+    NEW_COMMENT = "NEW_COMMENT"
+    MEMBER_JOINED = "MEMBER_JOINED"
+    MEMBER_PENDING = "MEMBER_PENDING"
+    CAPSULE_EMPTY = "CAPSULE_EMPTY"
