@@ -94,9 +94,16 @@ async def _keys(s3: Any, bucket: str, prefix: str) -> list[str]:
     return [item["Key"] for item in response.get("Contents", [])]
 
 
-def test_aws_transcriber_is_a_transcriber(transcriber: AwsTranscriber) -> None:
-    port: Transcriber = transcriber
-    assert port is transcriber
+def test_aws_transcriber_answers_the_transcriber_port(transcriber: AwsTranscriber) -> None:
+    """The pipeline calls `transcribe` with the port's keyword arguments; the
+    adapter must take exactly those and be awaitable."""
+    import inspect
+
+    ours = inspect.signature(transcriber.transcribe)
+    port = inspect.signature(Transcriber.transcribe)
+    assert inspect.iscoroutinefunction(transcriber.transcribe)
+    assert list(ours.parameters) == [name for name in port.parameters if name != "self"]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in ours.parameters.values())
 
 
 async def test_moto_job_completes_without_a_transcript(
