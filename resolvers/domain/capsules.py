@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from resolvers.core.context import Context
@@ -129,7 +129,7 @@ async def schedule_capsule(ctx: Context, capsule_id: str) -> Capsule:
         raise Conflict(f"only a DRAFT capsule can be scheduled (status {capsule.status})")
     if capsule.unlock_date <= ctx.services.now_iso():
         raise BadInput("the unlock date has passed; create a new capsule")
-    scheduled = Capsule(**{**capsule.__dict__, "status": CapsuleStatus.SCHEDULED})
+    scheduled = replace(capsule, status=CapsuleStatus.SCHEDULED)
     item = scheduled.to_item(shards(ctx))
     ops: list[WriteOp] = [
         Update(
@@ -170,7 +170,7 @@ async def cancel_capsule(ctx: Context, capsule_id: str) -> Capsule:
     except TransactionCancelled as error:
         raise Conflict("the capsule changed meanwhile; it may be LOCKED now") from error
     ctx.loaders.forget(capsule.key)
-    return Capsule(**{**capsule.__dict__, "status": CapsuleStatus.CANCELLED})
+    return replace(capsule, status=CapsuleStatus.CANCELLED)
 
 
 async def open_capsule(ctx: Context, capsule_id: str) -> Capsule:

@@ -177,7 +177,7 @@ async def create_upload(
         capsule_id=capsule_id,
         in_feed=capsule is None,
     )
-    content = Content(**{**content.__dict__, "s3_key": original_key(content)})
+    content = replace(content, s3_key=original_key(content))
     ops: list[WriteOp] = [Put(content.to_item(), NotExists())]
     if capsule is not None:
         ops.append(
@@ -248,7 +248,7 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
             raise Conflict("the upload is already complete") from error
         raise Conflict("the capsule is no longer SCHEDULED") from error
     ctx.loaders.forget(content.key)
-    moved = Content(**{**content.__dict__, "status": ContentStatus.PROCESSING})
+    moved = replace(content, status=ContentStatus.PROCESSING)
     await _to_pipeline(ctx, moved)
     return moved
 
