@@ -22,6 +22,15 @@ def user_family(user_id: str, family_id: str) -> Key:
 USER_FAMILY_PREFIX = "FAMILY#"
 
 
+SEPARATOR = "#"
+
+
+def usable_id(value: str) -> bool:
+    """Whether an id from outside can be part of a key: the separator would
+    let it reach into another item's key space."""
+    return SEPARATOR not in value
+
+
 def invite_guesses(user_id: str) -> Key:
     return (f"USER#{user_id}", "INVITE_GUESSES")
 

@@ -18,6 +18,7 @@ import unicodedata
 import emoji as emoji_data
 
 from resolvers.core.errors import BadInput
+from store import keys
 
 MAX_SUBJECT = 128
 
@@ -48,7 +49,7 @@ def subject_problem(sub: object) -> str | None:
         return "the token has no subject"
     if len(sub) > MAX_SUBJECT:
         return f"the token's subject is longer than {MAX_SUBJECT} characters"
-    if not sub.isprintable() or "#" in sub:
+    if not sub.isprintable() or not keys.usable_id(sub):
         return "the token's subject holds characters an id cannot have"
     return None
 

@@ -62,7 +62,7 @@ GUARDED: dict[type, str] = {
 async def membership(ctx: Context, family_id: str) -> Membership | None:
     """The viewer's membership of the family now, any role."""
     viewer = await ctx.viewer_id()
-    if "#" in family_id:
+    if not keys.usable_id(family_id):
         return None
     item = await ctx.loaders.item.load(keys.member(family_id, viewer))
     return Membership.from_item(item) if item else None
@@ -107,7 +107,7 @@ def capsule_role_allows(capsule: Capsule, viewer: str) -> bool:
 
 
 async def load_content(ctx: Context, content_id: str) -> Content | None:
-    if "#" in content_id:
+    if not keys.usable_id(content_id):
         return None
     item = await ctx.loaders.item.load(keys.content(content_id))
     return Content.from_item(item) if item else None
@@ -117,7 +117,7 @@ _content = load_content
 
 
 async def _capsule(ctx: Context, capsule_id: str) -> Capsule | None:
-    if "#" in capsule_id:
+    if not keys.usable_id(capsule_id):
         return None
     item = await ctx.loaders.item.load(keys.capsule(capsule_id))
     return Capsule.from_item(item) if item else None

@@ -45,7 +45,7 @@ def shards(ctx: Context) -> int:
 
 
 async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
-    if "#" in capsule_id:
+    if not keys.usable_id(capsule_id):
         return None
     item = await ctx.loaders.item.load(keys.capsule(capsule_id))
     return Capsule.from_item(item) if item else None
@@ -102,7 +102,9 @@ async def create_capsule(
     if len(wanted) > MAX_RECIPIENTS:
         raise BadInput(f"a capsule can have at most {MAX_RECIPIENTS} recipients")
     await asyncio.gather(ctx.check_rate("capsule"), families.readable_family(ctx, family_id))
-    memberships = await ctx.loaders.many([keys.member(family_id, user) for user in wanted if "#" not in user])
+    memberships = await ctx.loaders.many(
+        [keys.member(family_id, user) for user in wanted if keys.usable_id(user)]
+    )
     members = {item["userId"] for item in memberships if item and item["role"] in access.READERS}
     outsiders = [user for user in wanted if user not in members]
     if outsiders:

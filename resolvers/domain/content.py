@@ -199,7 +199,7 @@ async def create_upload(
 
 
 async def _capsule_for_upload(ctx: Context, capsule_id: str, family_id: str, viewer: str) -> Capsule:
-    item = await ctx.loaders.item.load(keys.capsule(capsule_id)) if "#" not in capsule_id else None
+    item = await ctx.loaders.item.load(keys.capsule(capsule_id)) if keys.usable_id(capsule_id) else None
     capsule = Capsule.from_item(item) if item else None
     if capsule is None or capsule.creator_id != viewer:
         raise not_found("capsule")

@@ -75,7 +75,7 @@ async def viewer_membership(ctx: Context, family_id: str) -> Membership | None:
 async def visible_family(ctx: Context, family_id: str) -> tuple[Family, Membership]:
     """The family and the viewer's membership, any role; NOT_FOUND to outsiders."""
     viewer = await ctx.viewer_id()
-    if "#" in family_id:
+    if not keys.usable_id(family_id):
         raise not_found("family")
     # Both in one batch; the rule then reads the membership from the cache.
     family_item, _ = await ctx.loaders.many([keys.family(family_id), keys.member(family_id, viewer)])

@@ -460,7 +460,7 @@ async def tag_status(ctx: Context, family_id: str, set_name: str) -> tuple[bool,
     """(taggedByAnyone, taggedByViewer), from the markers and the viewer's
     membership in one batch get."""
     name = clean_set_name(set_name)
-    if "#" in family_id:
+    if not keys.usable_id(family_id):
         raise not_found("family")
     viewer = await ctx.viewer_id()
     family, member, anyone, own = await ctx.loaders.many(
@@ -490,7 +490,7 @@ async def search_tags(ctx: Context, family_id: str, prefix: str, first: int, aft
     start = clean_prefix(prefix)
     if not start:
         raise BadInput("prefix must not be empty")
-    if "#" in family_id:
+    if not keys.usable_id(family_id):
         raise not_found("family")
     await families.readable_family(ctx, family_id)
     viewer = await ctx.viewer_id()

@@ -28,7 +28,7 @@ async def me(ctx: Context) -> User:
 
 
 async def user(ctx: Context, user_id: str) -> User:
-    if "#" in user_id or not await can_see_user(ctx, user_id):
+    if not keys.usable_id(user_id) or not await can_see_user(ctx, user_id):
         raise not_found("user")
     return await load_user(ctx, user_id)
 

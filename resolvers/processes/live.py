@@ -90,7 +90,7 @@ def _event_reads(ctx: Context) -> EventReads:
 
 async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str) -> Capsule | None:
     capsule_id, unlocked_at = str(event["capsuleId"]), str(event["unlockedAt"])
-    if "#" in capsule_id:
+    if not keys.usable_id(capsule_id):
         return None
 
     async def load() -> UnlockedReads | None:
