@@ -26,7 +26,7 @@ from starlette.staticfiles import StaticFiles
 
 from resolvers.adapters.media_http import media_routes
 from resolvers.core.auth import media_secret, mint_token
-from resolvers.core.config import Settings
+from resolvers.core.config import ConfigError, Settings
 from resolvers.core.context import Services, utc_now
 from resolvers.runtime import compose, start_background
 from schema.graphiql import STATIC_DIR
@@ -178,7 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("create-table", help="create the DynamoDB table with both GSIs (safe to run twice)")
     commands.add_parser("export-schema", help="write the schema's SDL to schema.graphql")
     args = parser.parse_args(argv)
-    settings = Settings.from_env()
+    try:
+        settings = Settings.from_env()
+    except ConfigError as error:
+        print(error, file=sys.stderr)  # names the variable and its value; no traceback
+        return 2
     if args.command in (None, "serve"):
         _serve(settings)
     elif args.command == "token":

@@ -1,35 +1,37 @@
-"""Configuration from `MIFAMILIAS_*` environment variables (see README)."""
+"""Configuration from `MIFAMILIAS_*` environment variables (see README), as a
+pydantic-settings model: every value is checked, and a bad one is refused at
+start-up with the variable's name and the value given."""
 
 from __future__ import annotations
 
 import os
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, ValidationError
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+PREFIX = "MIFAMILIAS_"
 
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(f"MIFAMILIAS_{name}")
-    return default if raw in (None, "") else int(raw)
+def _comma_separated(value: Any) -> Any:
+    if isinstance(value, str):
+        return tuple(part.strip() for part in value.split(",") if part.strip())
+    return value
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(f"MIFAMILIAS_{name}")
-    return default if raw in (None, "") else float(raw)
+CommaSeparated = Annotated[tuple[str, ...], BeforeValidator(_comma_separated)]
 
 
-def _str(env: Mapping[str, str], name: str) -> str | None:
-    raw = env.get(f"MIFAMILIAS_{name}")
-    return raw or None
+class ConfigError(ValueError):
+    """A `MIFAMILIAS_` variable holds a value the server cannot use."""
 
 
-def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in (_str(env, name) or "").split(",") if part.strip())
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, frozen=True, extra="forbid")
 
-
-@dataclass(frozen=True)
-class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     data_dir: Path = Path("data")
@@ -46,14 +48,14 @@ class Settings:
     unlock_poll_seconds: float = 5.0
     unlock_shards: int = 8
     abandoned_unlock_seconds: float = 30.0
-    allowed_origins: tuple[str, ...] = ()
+    allowed_origins: CommaSeparated = ()
     public_url: str | None = None
     max_upload_bytes: int = 500 * 1024 * 1024
     max_body_bytes: int = 1024 * 1024
     max_query_cost: int = 5_000
     operation_deadline_seconds: float = 10.0
     rate_limits: str | None = None
-    trusted_proxies: tuple[str, ...] = ()
+    trusted_proxies: CommaSeparated = ()
     pipeline_workers: int = 2
     pipeline_lease_seconds: float = 60.0
     pipeline_recovery_seconds: float = 30.0
@@ -61,47 +63,35 @@ class Settings:
     capsule_retention_days: int = 365
     transcribe_bucket: str | None = None
     transcriber: str | None = None
-    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Settings(...) in code holds what it is given; `from_env` reads the environment.
+        return (init_settings,)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = os.environ if env is None else env
-        origins = _str(env, "ALLOWED_ORIGINS")
-        return cls(
-            host=_str(env, "HOST") or "127.0.0.1",
-            port=_int(env, "PORT", 8000),
-            data_dir=Path(_str(env, "DATA_DIR") or "data"),
-            auth_secret=_str(env, "AUTH_SECRET"),
-            jwks_url=_str(env, "JWKS_URL"),
-            jwt_issuer=_str(env, "JWT_ISSUER"),
-            jwt_audience=_str(env, "JWT_AUDIENCE"),
-            dynamodb_endpoint=_str(env, "DYNAMODB_ENDPOINT"),
-            aws_region=_str(env, "AWS_REGION"),
-            table_name=_str(env, "TABLE_NAME") or "mifamilias-main",
-            s3_bucket=_str(env, "S3_BUCKET"),
-            s3_endpoint=_str(env, "S3_ENDPOINT"),
-            redis_url=_str(env, "REDIS_URL"),
-            unlock_poll_seconds=_float(env, "UNLOCK_POLL_SECONDS", 5.0),
-            unlock_shards=_int(env, "UNLOCK_SHARDS", 8),
-            abandoned_unlock_seconds=_float(env, "ABANDONED_UNLOCK_SECONDS", 30.0),
-            allowed_origins=tuple(o.strip() for o in origins.split(",") if o.strip()) if origins else (),
-            public_url=_str(env, "PUBLIC_URL"),
-            max_upload_bytes=_int(env, "MAX_UPLOAD_BYTES", 500 * 1024 * 1024),
-            max_body_bytes=_int(env, "MAX_BODY_BYTES", 1024 * 1024),
-            max_query_cost=_int(env, "MAX_QUERY_COST", 5_000),
-            operation_deadline_seconds=_float(env, "OPERATION_DEADLINE_SECONDS", 10.0),
-            rate_limits=_str(env, "RATE_LIMITS"),
-            trusted_proxies=tuple(
-                p.strip() for p in (_str(env, "TRUSTED_PROXIES") or "").split(",") if p.strip()
-            ),
-            pipeline_workers=_int(env, "PIPELINE_WORKERS", 2),
-            pipeline_lease_seconds=_float(env, "PIPELINE_LEASE_SECONDS", 60.0),
-            pipeline_recovery_seconds=_float(env, "PIPELINE_RECOVERY_SECONDS", 30.0),
-            archive_after_days=_int(env, "ARCHIVE_AFTER_DAYS", 90),
-            capsule_retention_days=_int(env, "CAPSULE_RETENTION_DAYS", 365),
-            transcriber=_str(env, "TRANSCRIBER"),
-            transcribe_bucket=_str(env, "TRANSCRIBE_BUCKET"),
-        )
+        given = {
+            name: env[PREFIX + name.upper()]
+            for name in cls.model_fields
+            if env.get(PREFIX + name.upper()) not in (None, "")
+        }
+        try:
+            return cls.model_validate(given)
+        except ValidationError as error:
+            problems = []
+            for problem in error.errors():
+                name = str(problem["loc"][0]) if problem["loc"] else "?"
+                problems.append(f"{PREFIX}{name.upper()}={given.get(name)!r}: {problem['msg']}")
+            raise ConfigError(f"bad configuration: {'; '.join(problems)}") from None
 
     @property
     def uses_dynamodb(self) -> bool:
