@@ -92,6 +92,8 @@ class Context:
     connection_params: dict[str, Any] | None = None
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     _loaders: Loaders | None = field(default=None, init=False, repr=False)
+    # The rate-limit window each action's counter was seen in (see RateLimiter.count).
+    _rate_windows: dict[str, int | None] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def loaders(self) -> Loaders:
@@ -110,11 +112,13 @@ class Context:
 
     async def check_rate(self, action: str) -> None:
         """RATE_LIMITED when the viewer has used up their `action`s for now."""
-        await self.services.rates.check(f"user:{await self.viewer_id()}", action, self.services.now())
+        subject = f"user:{await self.viewer_id()}"
+        self._rate_windows[action] = await self.services.rates.check(subject, action, self.services.now())
 
     async def count_rate(self, action: str) -> None:
         """One `action` by the viewer, done."""
-        await self.services.rates.count(f"user:{await self.viewer_id()}", action, self.services.now())
+        seen = self._rate_windows.get(action)
+        await self.services.rates.count(f"user:{await self.viewer_id()}", action, self.services.now(), seen)
 
     async def counted(self, action: str, write: Awaitable[T]) -> T:
         """Runs the operation's write and counts one `action` beside it."""

@@ -74,47 +74,48 @@ class RateLimiter:
         moment = now.timestamp()
         return limit, int(moment // limit.seconds * limit.seconds), moment
 
-    async def check(self, subject: str, action: str, now: datetime) -> None:
+    async def check(self, subject: str, action: str, now: datetime) -> int | None:
         """RateLimited when `subject` has used up this window's `action`s; a
-        point read, so it can join the operation's first reads."""
+        point read, so it can join the operation's first reads. Answers the
+        window the counter was in, which tells `count` which write to try first."""
         found = self._window(action, now)
         if found is None:
-            return
+            return None
         limit, window, moment = found
         item = await self.table.get(keys.rate(subject, action))
-        if item is not None and item.get("window") == window and int(item.get("count", 0)) >= limit.count:
+        seen = int(item["window"]) if item is not None and "window" in item else None
+        if seen == window and item is not None and int(item.get("count", 0)) >= limit.count:
             retry_after = max(1, math.ceil(window + limit.seconds - moment))
             raise RateLimited(
                 f"too many at once ({limit.count} per {_span(limit.seconds)}); try again in {retry_after} s",
                 retryAfter=retry_after,
             )
+        return seen
 
-    async def count(self, subject: str, action: str, now: datetime) -> None:
+    async def count(self, subject: str, action: str, now: datetime, seen: int | None = None) -> None:
         """Counts one `action` that happened; it runs beside the operation's
-        write, so only what was done is counted, at no extra round trip."""
+        write, so only what was done is counted, at no extra round trip. The
+        write the check's reading calls for goes first (one write, as a rule)."""
         found = self._window(action, now)
         if found is None:
             return
         _, window, _ = found
         key = keys.rate(subject, action)
+        add = Update(key, add={"count": 1}, condition=eq("window", window))
+        # No counter yet, or one of an older window: start this one.
+        start = Update(
+            key,
+            set={"window": window, "count": 1},
+            condition=any_of(NotExists(), Compare("window", "<", window)),
+        )
+        order = (add, start) if seen == window else (start, add)
         for _ in range(ATTEMPTS):
-            try:
-                await self.table.update(Update(key, add={"count": 1}, condition=eq("window", window)))
-                return
-            except ConditionFailed:
-                pass
-            try:
-                # No counter yet, or one of an older window: start this one.
-                await self.table.update(
-                    Update(
-                        key,
-                        set={"window": window, "count": 1},
-                        condition=any_of(NotExists(), Compare("window", "<", window)),
-                    )
-                )
-                return
-            except ConditionFailed:
-                continue  # another process started it meanwhile: add to theirs
+            for update in order:
+                try:
+                    await self.table.update(update)
+                    return
+                except ConditionFailed:
+                    continue  # another process moved it meanwhile: the other write fits
 
 
 def _span(seconds: int) -> str:

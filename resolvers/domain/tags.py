@@ -429,14 +429,13 @@ async def cleanup_ops(ctx: Context, content: Content) -> list[WriteOp]:
 # A capsule opening -------------------------------------------------------------------
 
 
-async def unseal_ops(table: Table, content: Content) -> list[WriteOp]:
+async def unseal_ops(table: Table, content: Content, summary_item: Item | None) -> list[WriteOp]:
     """The ops that count the content's public set tags in their ANY markers,
     for the unlock's own transaction. They are conditioned on the summary's
     version and on the counts read, so a `setTags` racing the unlock cancels it
     and the next pass tries again with fresh reads."""
     summary_key = keys.content_tags(content.id)
-    item = await table.get(summary_key)
-    summary = summary_of(item, content)
+    summary = summary_of(summary_item, content)  # read by the caller, in its batch
     if summary.version is None:
         return [Check(summary_key, NotExists())]
     changes: dict[Key, _MarkerChange] = {}

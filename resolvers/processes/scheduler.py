@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import TypeVar
 
@@ -62,6 +62,15 @@ class PassResult:
     waiting: int = 0
     told_empty: int = 0
     failed: int = 0
+
+
+@dataclass
+class DueReads:
+    """What one batch get told a pass about its capsules."""
+
+    contents: dict[str, Content] = field(default_factory=dict)
+    readers: dict[str, set[str]] = field(default_factory=dict)  # family -> current MEMBERs and ADMINs
+    summaries: dict[str, Item] = field(default_factory=dict)  # content -> its tag summary
 
 
 class UnlockScheduler:
@@ -151,14 +160,8 @@ class UnlockScheduler:
             and (c.unlocking_at or c.unlock_date) < abandoned
         ] + [c for c in due if c.status == CapsuleStatus.UNLOCKING and c.id in self._mine]
         unlocking += [c for c in won if c is not None]
-        contents, readers = await self._contents_and_readers(unlocking)
-        finished = await self._each(
-            unlocking,
-            lambda capsule: self._finish(
-                capsule, contents.get(capsule.content_id or ""), readers.get(capsule.family_id, set()), result
-            ),
-            result,
-        )
+        reads = await self._due_reads(unlocking)
+        finished = await self._each(unlocking, lambda capsule: self._finish(capsule, reads, result), result)
         # A lost win means another process has it; a failed step is retried next pass.
         return result.failed > failed_before or any(done is not True for done in finished)
 
@@ -181,27 +184,27 @@ class UnlockScheduler:
             log.exception("unlock of capsule %s failed; the next pass retries", capsule.id)
             return None
 
-    async def _contents_and_readers(
-        self, capsules: list[Capsule]
-    ) -> tuple[dict[str, Content], dict[str, set[str]]]:
-        """Every capsule's content, and who of its people may read the family
-        now (resolvers.domain.access's rule), in one batch get."""
+    async def _due_reads(self, capsules: list[Capsule]) -> DueReads:
+        """Every capsule's content (with its tag summary, for `unseal_ops`), and
+        who of its people may read the family now (resolvers.domain.access's
+        rule), in one batch get."""
         wanted = [keys.content(c.content_id) for c in capsules if c.content_id]
+        wanted += [keys.content_tags(c.content_id) for c in capsules if c.content_id]
         wanted += [
             keys.member(c.family_id, person) for c in capsules for person in (*c.recipient_ids, c.creator_id)
         ]
+        reads = DueReads()
         if not wanted:
-            return {}, {}
-        found = await self.table.batch_get(wanted)
-        contents: dict[str, Content] = {}
-        readers: dict[str, set[str]] = {}
-        for item in found.values():
+            return reads
+        for item in (await self.table.batch_get(wanted)).values():
             if item.get("type") == "Membership":
                 if item.get("role") in READERS:
-                    readers.setdefault(item["familyId"], set()).add(item["userId"])
+                    reads.readers.setdefault(item["familyId"], set()).add(item["userId"])
+            elif item.get("type") == "Content":
+                reads.contents[item["id"]] = Content.from_item(item)
             else:
-                contents[item["id"]] = Content.from_item(item)
-        return contents, readers
+                reads.summaries[item["contentId"]] = item
+        return reads
 
     async def _due(self, partition: str, now_iso: str) -> list[Item]:
         found: list[Item] = []
@@ -229,10 +232,10 @@ class UnlockScheduler:
             return None  # another process won it
         return Capsule.from_item(item)
 
-    async def _finish(
-        self, capsule: Capsule, content: Content | None, readers: set[str], result: PassResult
-    ) -> bool:
+    async def _finish(self, capsule: Capsule, reads: DueReads, result: PassResult) -> bool:
         """True when the capsule is AVAILABLE (by us or by another process)."""
+        content = reads.contents.get(capsule.content_id or "")
+        readers = reads.readers.get(capsule.family_id, set())
         unlocking_at = capsule.unlocking_at or capsule.unlock_date
         if content is None or content.status not in (ContentStatus.READY, ContentStatus.DELIVERED):
             result.waiting += 1
@@ -268,7 +271,7 @@ class UnlockScheduler:
             ),
             *(Put(note.to_item(), NotExists()) for note in notes),
             # The content leaves its capsule: its tags now count for everyone.
-            *await unseal_ops(self.table, content),
+            *await unseal_ops(self.table, content, reads.summaries.get(content.id)),
         ]
         try:
             await self.table.transact(ops)
