@@ -12,7 +12,6 @@ from schema.common import Info, PageInfo, when
 from schema.enums import FamilyRole, TrustLevel
 from schema.user import User
 from store import items
-from store.enums import Role
 
 if TYPE_CHECKING:
     from schema.content import ContentConnection
@@ -44,8 +43,7 @@ class Family:
 
     @strawberry.field(description="null unless the viewer is an ADMIN of this family")
     async def invite_code(self, info: Info) -> str | None:
-        membership = await families.viewer_membership(info.context, self.item.id)
-        return self.item.invite_code if membership and membership.role == Role.ADMIN else None
+        return await families.invite_code_for_viewer(info.context, self.item)
 
     @strawberry.field
     def created_at(self) -> datetime:

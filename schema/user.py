@@ -4,6 +4,7 @@ from datetime import datetime
 
 import strawberry
 
+from resolvers.domain import users
 from schema.common import Info, when
 from store import items
 
@@ -18,9 +19,7 @@ class User:
 
     @strawberry.field(description="null unless the viewer is this user")
     async def email(self, info: Info) -> str | None:
-        if info.context.claims is not None and info.context.claims.sub == self.item.id:
-            return self.item.email
-        return None
+        return users.email_for_viewer(info.context, self.item)
 
     @strawberry.field
     def given_name(self) -> str | None:

@@ -72,6 +72,12 @@ async def viewer_membership(ctx: Context, family_id: str) -> Membership | None:
     return await load_membership(ctx, family_id, await ctx.viewer_id())
 
 
+async def invite_code_for_viewer(ctx: Context, family: Family) -> str | None:
+    """The invite code, for the family's ADMINs only."""
+    membership = await viewer_membership(ctx, family.id)
+    return family.invite_code if membership is not None and membership.role == Role.ADMIN else None
+
+
 async def visible_family(ctx: Context, family_id: str) -> tuple[Family, Membership]:
     """The family and the viewer's membership, any role; NOT_FOUND to outsiders."""
     viewer = await ctx.viewer_id()

@@ -23,6 +23,11 @@ async def load_user(ctx: Context, user_id: str) -> User:
     return User.from_item(item)
 
 
+def email_for_viewer(ctx: Context, user: User) -> str | None:
+    """A person's email is theirs alone to read."""
+    return user.email if ctx.claims is not None and ctx.claims.sub == user.id else None
+
+
 async def me(ctx: Context) -> User:
     return await load_user(ctx, await ctx.viewer_id())
 
