@@ -25,7 +25,7 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from resolvers.adapters.media_http import media_routes
-from resolvers.core.auth import media_secret, mint_token
+from resolvers.core.auth import mint_token
 from resolvers.core.config import ConfigError, Settings
 from resolvers.core.context import Services, utc_now
 from resolvers.runtime import compose, start_background
@@ -105,7 +105,7 @@ def create_app(
     local_blobs = None
     if not settings.s3_bucket:
         local_blobs = LocalBlobStore(
-            settings.data_dir / "media", settings.base_url, media_secret(settings.resolved_auth_secret())
+            settings.data_dir / "media", settings.base_url, settings.resolved_auth_secret().encode()
         )
         routes += media_routes(local_blobs)
     middleware = []

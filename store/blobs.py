@@ -7,7 +7,7 @@ server itself only touches bytes in the media pipeline (`fetch_to_file`,
 
 - `S3BlobStore`: an aioboto3 S3 client and a bucket; URLs are SigV4 presigned.
 - `LocalBlobStore`: files under a directory; URLs point back at the app
-  (`resolvers.adapters.media_http`), signed with an HMAC key, PUT URLs single-use.
+  (`resolvers.adapters.media_http`), signed with itsdangerous (salted), PUT URLs single-use.
 
 Upload URL contract, identical on both adapters: the PUT must carry
 `Content-Type` exactly equal to the `content_type` passed to `upload_url` and
@@ -33,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import hmac
 import json
 import os
 import re
@@ -46,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol
 from urllib.parse import quote, urlencode
+
+from itsdangerous import Signer
 
 STANDARD = "STANDARD"
 GLACIER_IR = "GLACIER_IR"
@@ -381,7 +382,9 @@ class LocalBlobStore:
             raise ValueError("secret must not be empty")
         self.root = Path(root)
         self.base_url = base_url.rstrip("/")
-        self._secret = secret
+        # itsdangerous signs with a key derived from the secret and this salt, so
+        # one configured secret serves tokens, cursors and media URLs apart.
+        self._signer = Signer(secret, salt="mifamilias.media-url", digest_method=hashlib.sha256)
         self._clock = clock
         self._tmp = self.root / ".tmp"
         self._used = self.root / ".used"
@@ -394,8 +397,15 @@ class LocalBlobStore:
     def _sign(
         self, method: str, key: str, expires: int, size: int | None, nonce: str, content_type: str | None
     ) -> str:
-        message = json.dumps([method, key, expires, size, nonce, content_type], separators=(",", ":"))
-        return hmac.new(self._secret, message.encode("utf-8"), hashlib.sha256).hexdigest()
+        return self._signer.get_signature(
+            self._message(method, key, expires, size, nonce, content_type)
+        ).decode()
+
+    @staticmethod
+    def _message(
+        method: str, key: str, expires: int, size: int | None, nonce: str, content_type: str | None
+    ) -> bytes:
+        return json.dumps([method, key, expires, size, nonce, content_type], separators=(",", ":")).encode()
 
     def _url(
         self, method: Method, key: str, expires_in: int, size: int | None, content_type: str | None
@@ -449,8 +459,8 @@ class LocalBlobStore:
             raise BlobAccessDenied("malformed url")
         if not _NONCE.fullmatch(nonce) or (size is not None and size < 0):
             raise BlobAccessDenied("malformed url")
-        expected = self._sign(signed_method, key, expires, size, nonce, content_type)
-        if not hmac.compare_digest(expected, sig):
+        message = self._message(signed_method, key, expires, size, nonce, content_type)
+        if not self._signer.verify_signature(message, sig.encode()):
             raise BlobAccessDenied("bad signature")
         if signed_method != method:
             raise BlobAccessDenied(f"url is for {signed_method}")

@@ -4,7 +4,6 @@ URL (Cognito, Auth0 and the like) in production."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -43,12 +42,6 @@ class Claims:
 
     def expired(self, now: float | None = None) -> bool:
         return self.expires_at is not None and (now if now is not None else time.time()) >= self.expires_at
-
-
-def media_secret(auth_secret: str) -> bytes:
-    """The key that signs local media URLs: derived, so one secret is enough to
-    configure, yet a media URL signature says nothing about the token key."""
-    return hashlib.sha256(b"mifamilias-media\0" + auth_secret.encode()).digest()
 
 
 def bearer_token(header: str | None) -> str | None:
