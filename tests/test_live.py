@@ -67,6 +67,7 @@ async def upload(
     mime: str,
     capsule_id: str | None = None,
     complete: bool = True,
+    title: str | None = None,
 ) -> str:
     created = await http(
         server,
@@ -80,6 +81,7 @@ async def upload(
                 "mimeType": mime,
                 "sizeBytes": len(body),
                 "capsuleId": capsule_id,
+                "title": title,
             }
         },
     )
@@ -178,47 +180,67 @@ async def test_a_socket_without_a_valid_token_is_closed_unauthorized(live_server
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 4403
 
 
-async def test_capsule_unlocks_over_websocket_within_the_poll_interval(live_server: ServerProcess) -> None:
-    family_id = await make_family(live_server, "ana", ["ben"])
-    unlock = datetime.now(UTC) + timedelta(seconds=4)
-    capsule = (
-        await http(
-            live_server,
-            "ana",
-            """mutation($i: CreateCapsuleInput!) {
-        createCapsule(input: $i) { id status } }""",
-            {
-                "i": {
-                    "familyId": family_id,
-                    "title": "Para Ben",
-                    "unlockDate": unlock.isoformat(),
-                    "recipientIds": ["ben"],
-                }
-            },
-        )
-    )["createCapsule"]
+async def ready_on(session: Any, person_content: str) -> None:
+    """Returns once the session's earlier subscriptions are registered: a
+    `contentStatusChanged` sent after them answers at once with the content's
+    status, and the server starts a socket's operations in the order they come."""
+    request = GraphQLRequest(
+        "subscription($id: ID!) { contentStatusChanged(contentId: $id) { status } }",
+        variable_values={"id": person_content},
+    )
+    stream = session.subscribe(request)
+    await asyncio.wait_for(anext(stream), 30)
+    await stream.aclose()
+
+
+async def capsule_for(live_server: ServerProcess, family_id: str, title: str, unlock: datetime) -> str:
+    made = await http(
+        live_server,
+        "ana",
+        """mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) { id status } }""",
+        {
+            "i": {
+                "familyId": family_id,
+                "title": title,
+                "unlockDate": unlock.isoformat(),
+                "recipientIds": ["ben"],
+            }
+        },
+    )
+    capsule_id = str(made["createCapsule"]["id"])
     await http(
         live_server,
         "ana",
         "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { status } }",
-        {"id": capsule["id"]},
+        {"id": capsule_id},
     )
+    return capsule_id
+
+
+async def test_capsule_unlocks_over_websocket_once(live_server: ServerProcess) -> None:
+    family_id = await make_family(live_server, "ana", ["ben"])
+    note = await upload(live_server, "ana", family_id, "TEXT", b"hola", "text/plain")
+    unlock = datetime.now(UTC) + timedelta(seconds=6)
+    capsule = {"id": await capsule_for(live_server, family_id, "Para Ben", unlock)}
+    # A second capsule, due after the first: its event is the sentinel that
+    # shows nothing (a duplicate) came on the stream between the two.
+    sentinel = await capsule_for(live_server, family_id, "Y luego", unlock + timedelta(seconds=3))
     subscription = GraphQLRequest(
         "subscription { capsuleUnlocked { unlockedAt capsule { id status title content { id status } } } }"
     )
-    poll = 0.5
-    got: list[tuple[float, dict[str, Any]]] = []
+    got: list[dict[str, Any]] = []
     async with ws_client(live_server, "ben") as session:
 
         async def listen() -> None:
             async for event in session.subscribe(subscription):
-                got.append((time.time(), event))
+                got.append(event)
 
         listener = asyncio.create_task(listen())
-        await asyncio.sleep(0.3)  # the subscription is registered before anything can unlock
+        await ready_on(session, note)
         content_id = await upload(
             live_server, "ana", family_id, "TEXT", b"para ti", "text/plain", capsule_id=capsule["id"]
         )
+        await upload(live_server, "ana", family_id, "TEXT", b"y esto", "text/plain", capsule_id=sentinel)
         # Until it opens, ben sees neither the content nor it in the feed.
         sealed = await http(
             live_server,
@@ -226,15 +248,14 @@ async def test_capsule_unlocks_over_websocket_within_the_poll_interval(live_serv
             "query($id: ID!) { family(id: $id) { feed { edges { node { id } } } } }",
             {"id": family_id},
         )
-        assert sealed["family"]["feed"]["edges"] == []
-        deadline = unlock.timestamp() + poll + 1.0
-        while not got and time.time() < deadline + 0.5:
+        assert [e["node"]["id"] for e in sealed["family"]["feed"]["edges"]] == [note]
+        deadline = time.monotonic() + 60  # bounds a failure only
+        while not any(e["capsuleUnlocked"]["capsule"]["id"] == sentinel for e in got):
+            assert time.monotonic() < deadline, got
             await asyncio.sleep(0.05)
-        await asyncio.sleep(1.5)  # a duplicate would arrive in this window
         listener.cancel()
-    assert len(got) == 1, got
-    arrived, event = got[0]
-    assert arrived <= deadline, f"arrived {arrived - unlock.timestamp():.2f} s after the unlock date"
+    assert [e["capsuleUnlocked"]["capsule"]["id"] for e in got] == [capsule["id"], sentinel]
+    event = got[0]
     assert event["capsuleUnlocked"]["capsule"] == {
         "id": capsule["id"],
         "status": "AVAILABLE",
@@ -244,27 +265,42 @@ async def test_capsule_unlocks_over_websocket_within_the_poll_interval(live_serv
     notes = await http(
         live_server, "ben", "{ notifications { edges { node { type capsule { id status } } } } }"
     )
-    unlocked = [e["node"] for e in notes["notifications"]["edges"] if e["node"]["type"] == "CAPSULE_UNLOCKED"]
-    assert unlocked == [{"type": "CAPSULE_UNLOCKED", "capsule": {"id": capsule["id"], "status": "AVAILABLE"}}]
+    unlocked = [
+        e["node"]["capsule"]["id"]
+        for e in notes["notifications"]["edges"]
+        if e["node"]["type"] == "CAPSULE_UNLOCKED"
+    ]
+    assert sorted(unlocked) == sorted([capsule["id"], sentinel])
     feed = await http(
         live_server,
         "ben",
         "query($id: ID!) { family(id: $id) { feed { edges { node { id } } } } }",
         {"id": family_id},
     )
-    assert [e["node"]["id"] for e in feed["family"]["feed"]["edges"]] == [content_id]
+    assert content_id in [e["node"]["id"] for e in feed["family"]["feed"]["edges"]]
 
 
 async def test_notifications_arrive_live_and_stop_for_a_removed_member(live_server: ServerProcess) -> None:
     family_id = await make_family(live_server, "nia", ["olo", "pau"])
+    # A second family where pau stays a member: its news is pau's sentinel.
+    other_family = await make_family(live_server, "quin", ["pau"])
+    zero = await upload(live_server, "nia", family_id, "TEXT", b"cero", "text/plain", title="cero")
     got: dict[str, list[dict[str, Any]]] = {"olo": [], "pau": []}
+    ready = {person: asyncio.Event() for person in ("olo", "pau")}
     status_events: list[str] = []
 
     async def notifications(person: str) -> None:
         request = GraphQLRequest("subscription { notificationAdded { type content { title } } }")
         async with ws_client(live_server, person) as session:
+
+            async def mark_ready() -> None:
+                await ready_on(session, zero)
+                ready[person].set()
+
+            marker = asyncio.create_task(mark_ready())
             async for event in session.subscribe(request):
                 got[person].append(event["notificationAdded"])
+            await marker
 
     async def statuses(content_id: str) -> None:
         request = GraphQLRequest(
@@ -275,20 +311,22 @@ async def test_notifications_arrive_live_and_stop_for_a_removed_member(live_serv
             async for event in session.subscribe(request):
                 status_events.append(event["contentStatusChanged"]["status"])
 
+    async def until(check: Any, what: str) -> None:
+        deadline = time.monotonic() + 30  # bounds a failure only
+        while not check():
+            assert time.monotonic() < deadline, f"waited for {what}: {got}, {status_events}"
+            await asyncio.sleep(0.05)
+
     listeners = [asyncio.create_task(notifications(p)) for p in ("olo", "pau")]
-    await asyncio.sleep(0.5)
+    await asyncio.wait_for(asyncio.gather(*(event.wait() for event in ready.values())), 30)
     first = await upload(live_server, "nia", family_id, "TEXT", b"uno", "text/plain")
-    deadline = time.monotonic() + 15
-    while (len(got["olo"]) < 1 or len(got["pau"]) < 1) and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await until(lambda: got["olo"] and got["pau"], "the first notifications")
     assert got["olo"] == got["pau"] == [{"type": "NEW_CONTENT", "content": {"title": None}}]
     assert first
 
     second = await upload(live_server, "nia", family_id, "TEXT", b"dos", "text/plain", complete=False)
     watcher = asyncio.create_task(statuses(second))
-    deadline = time.monotonic() + 10
-    while not status_events and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await until(lambda: status_events, "the status now")
     assert status_events == ["UPLOADING"]
     await http(
         live_server,
@@ -299,15 +337,20 @@ async def test_notifications_arrive_live_and_stop_for_a_removed_member(live_serv
     await http(
         live_server, "nia", "mutation($id: ID!) { completeUpload(contentId: $id) { status } }", {"id": second}
     )
-    deadline = time.monotonic() + 15
-    while len(got["olo"]) < 2 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    await asyncio.sleep(1.0)
+    await until(lambda: len(got["olo"]) >= 2, "olo's second notification")
+    # News from pau's other family comes after everything of the first: what
+    # pau has by then is all pau will get of it.
+    await upload(live_server, "quin", other_family, "TEXT", b"otra", "text/plain", title="otra")
+    await until(lambda: len(got["pau"]) >= 2, "pau's sentinel")
     for task in [*listeners, watcher]:
         task.cancel()
     assert len(got["olo"]) == 2
-    assert len(got["pau"]) == 1  # no longer a member: no notification, and
-    assert status_events == ["UPLOADING"]  # no status of the family's content
+    # No longer a member: no notification of the family, and no status of its content.
+    assert got["pau"] == [
+        {"type": "NEW_CONTENT", "content": {"title": None}},
+        {"type": "NEW_CONTENT", "content": {"title": "otra"}},
+    ]
+    assert status_events == ["UPLOADING"]
 
 
 async def test_foundation_mutations_over_a_websocket(live_server: ServerProcess) -> None:
