@@ -24,6 +24,7 @@ import httpx
 from bench.common import ROOT, Row, Sizes, server_env, token, verdict
 from bench.fanout import Clients
 from bench.processes import LOAD_CPU, graphql_server, pinned
+from tests.api.test_limits import amplification
 
 SECTION = "6. Robustness"
 P99_TARGET_MS = 100.0
@@ -100,17 +101,6 @@ def gql(base: str, user: str, query: str, variables: dict[str, Any] | None = Non
     if body.get("errors"):
         raise RuntimeError(f"{query[:60]}: {body['errors']}")
     return body["data"]
-
-
-def amplification() -> str:
-    inner = " ".join(
-        f"f{n}: feed(first: 100) {{ edges {{ node {{ id title author {{ givenName }} }} }} }}"
-        for n in range(6)
-    )
-    outer = " ".join(
-        f"a{n}: feed(first: 100) {{ edges {{ node {{ id family {{ {inner} }} }} }} }}" for n in range(4)
-    )
-    return f"query($id: ID!) {{ family(id: $id) {{ {outer} }} }}"
 
 
 def upload(base: str, user: str, family_id: str, kind: str, body: bytes, mime: str) -> str:

@@ -95,69 +95,85 @@ def _well_formed(message: object) -> bool:
     return True
 
 
-class TransportWSHandler(BaseGraphQLTransportWSHandler[Context, None]):
-    """graphql-transport-ws: malformed frames close with 4400; the connection
-    closes with 4403 "token expired" when the token that signed it in expires,
-    and nothing runs on it after that."""
+class _Guarded:
+    """What both WebSocket protocols share: a malformed frame closes the socket
+    with 4400, and the connection ends when its token expires (`_expire`, per
+    protocol), with nothing run on it after that."""
 
+    context: Context
+    websocket: Any
+    connection_acknowledged: bool
     expiry: asyncio.Task[None] | None = None
+
+    async def _expire(self) -> None:
+        raise NotImplementedError
+
+    async def _malformed(self, message: Any) -> bool:
+        if _well_formed(message):
+            return False
+        await self.websocket.close(code=4400, reason="malformed message")
+        return True
+
+    def _watch_expiry(self) -> None:
+        if self.connection_acknowledged and self.expiry is None:
+            self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
+
+    async def _expired(self) -> bool:
+        if self.connection_acknowledged and self.context.signed_in_error() is not None:
+            await self._expire()
+            return True
+        return False
+
+    def _stop_watching(self) -> None:
+        if self.expiry is not None:
+            self.expiry.cancel()
+
+
+class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None]):
+    """graphql-transport-ws: an expired token closes with 4403 "token expired"."""
 
     async def _expire(self) -> None:
         await self.websocket.close(code=4403, reason="token expired")
 
     async def handle_message(self, message: Any) -> None:
-        if not _well_formed(message):
-            await self.websocket.close(code=4400, reason="malformed message")
-            return
-        await super().handle_message(message)
+        if not await self._malformed(message):
+            await super().handle_message(message)
 
     async def handle_connection_init(self, message: Any) -> None:
         await super().handle_connection_init(message)
-        if self.connection_acknowledged and self.expiry is None:
-            self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
+        self._watch_expiry()
 
     async def handle_subscribe(self, message: Any) -> None:
-        if self.connection_acknowledged and self.context.signed_in_error() is not None:
-            await self._expire()
-            return
-        await super().handle_subscribe(message)
+        if not await self._expired():
+            await super().handle_subscribe(message)
 
     async def shutdown(self) -> None:
-        if self.expiry is not None:
-            self.expiry.cancel()
+        self._stop_watching()
         await super().shutdown()
 
 
-class LegacyWSHandler(BaseGraphQLWSHandler[Context, None]):
-    """subscriptions-transport-ws (graphql-ws): malformed frames close with
-    4400; when the token expires, `connection_error`, then close."""
-
-    expiry: asyncio.Task[None] | None = None
+class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
+    """subscriptions-transport-ws (graphql-ws): an expired token gets
+    `connection_error`, then the close."""
 
     async def _expire(self) -> None:
         await self.send_message({"type": "connection_error", "payload": {"message": "token expired"}})
         await self.websocket.close(code=4403, reason="token expired")
 
     async def handle_message(self, message: Any) -> None:
-        if not _well_formed(message):
-            await self.websocket.close(code=4400, reason="malformed message")
-            return
-        await super().handle_message(message)
+        if not await self._malformed(message):
+            await super().handle_message(message)
 
     async def handle_connection_init(self, message: Any) -> None:
         await super().handle_connection_init(message)
-        if self.connection_acknowledged and self.expiry is None:
-            self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
+        self._watch_expiry()
 
     async def handle_start(self, message: Any) -> None:
-        if self.connection_acknowledged and self.context.signed_in_error() is not None:
-            await self._expire()
-            return
-        await super().handle_start(message)
+        if not await self._expired():
+            await super().handle_start(message)
 
     async def cleanup(self) -> None:
-        if self.expiry is not None:
-            self.expiry.cancel()
+        self._stop_watching()
         await super().cleanup()
 
 

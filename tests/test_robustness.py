@@ -202,9 +202,8 @@ async def _status(server: ServerProcess, content_id: str) -> str:
     return str(body["data"]["content"]["status"])
 
 
-async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
-    engine: dict[str, str], tmp_path: Path
-) -> None:
+async def _killed_mid_transcode(engine: dict[str, str], tmp_path: Path) -> str:
+    """A server process SIGKILLed while it transcodes a video: the content's id."""
     video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
     first = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="first").start()
     try:
@@ -219,6 +218,13 @@ async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
         first.kill()
     finally:
         first.stop()
+    return content_id
+
+
+async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
+    engine: dict[str, str], tmp_path: Path
+) -> None:
+    content_id = await _killed_mid_transcode(engine, tmp_path)
     second = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="second").start()
     try:
         seen: list[str] = []
@@ -236,14 +242,7 @@ async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
 async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
     engine: dict[str, str], tmp_path: Path
 ) -> None:
-    video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
-    first = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="first").start()
-    try:
-        content_id = await _start_video(first, video)
-        await until(lambda: _is(first, content_id, "TRANSCODING"), "the transcode to start")
-        first.kill()
-    finally:
-        first.stop()
+    content_id = await _killed_mid_transcode(engine, tmp_path)
     # A successor that does not sweep: only the author's retry can move the content.
     second = ServerProcess(
         tmp_path / "data", _pipeline_env(engine, MIFAMILIAS_PIPELINE_RECOVERY_SECONDS="3600"), name="second"

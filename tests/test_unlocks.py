@@ -118,18 +118,30 @@ async def test_two_processes_unlock_300_capsules_exactly_once(
 
     listeners = [asyncio.create_task(listen(person, servers[n % 2])) for n, person in enumerate(expected)]
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 300  # bounds a failure only
         while any(len(received[p]) < len(expected[p]) for p in expected) and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        await asyncio.sleep(2)  # a duplicate would arrive in this window
+        # One more capsule for everyone, due once all the others are open: a
+        # duplicate of theirs would come on each stream before this sentinel.
+        sentinel, more = capsule_rows(
+            family_id, creator, recipients, datetime.now(UTC), SHARDS, tag="sentinel"
+        )
+        await shared_table.batch_write(more)
+        while any(sentinel not in received[p] for p in expected) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
     finally:
         for task in listeners:
             task.cancel()
     everything = await scan(shared_table)
-    capsules = [i for i in everything if i.get("type") == "Capsule" and i["familyId"] == family_id]
+    capsules = [
+        i
+        for i in everything
+        if i.get("type") == "Capsule" and i["familyId"] == family_id and i["id"] != sentinel
+    ]
     assert len(capsules) == 300 and {c["status"] for c in capsules} == {"AVAILABLE"}
     for person, capsule_ids in expected.items():
-        assert Counter(received[person]) == Counter(capsule_ids), person  # each exactly once
+        assert received[person][-1] == sentinel, person
+        assert Counter(received[person][:-1]) == Counter(capsule_ids), person  # each exactly once
 
     assert all(c["notificationSent"] and "GSI2PK" not in c for c in capsules)
     notes = Counter(
@@ -138,10 +150,12 @@ async def test_two_processes_unlock_300_capsules_exactly_once(
         if i.get("type") == "Notification"
         and i["notificationType"] == "CAPSULE_UNLOCKED"
         and i["familyId"] == family_id
+        and i["capsuleId"] != sentinel
     )
     assert set(notes.values()) == {1}
     assert sum(notes.values()) == 300 * 3
     contents = [i for i in everything if i.get("type") == "Content" and i["familyId"] == family_id]
+    # (the sentinel's content included)
     assert all("GSI1PK" in c for c in contents)  # every one is in the feed now
 
 

@@ -116,7 +116,7 @@ async def load_content(ctx: Context, content_id: str) -> Content | None:
 _content = load_content
 
 
-async def _capsule(ctx: Context, capsule_id: str) -> Capsule | None:
+async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
     if not keys.usable_id(capsule_id):
         return None
     item = await ctx.loaders.item.load(keys.capsule(capsule_id))
@@ -138,7 +138,7 @@ async def _decide(ctx: Context, record: Record) -> bool:
     if isinstance(record, Capsule):
         return capsule_role_allows(record, viewer) and await reader(ctx, record.family_id) is not None
     if isinstance(record, Recipient):
-        capsule = await _capsule(ctx, record.capsule_id)
+        capsule = await load_capsule(ctx, record.capsule_id)
         return capsule is not None and await may_read(ctx, capsule)
     if isinstance(record, Comment):
         content = await _content(ctx, record.content_id)

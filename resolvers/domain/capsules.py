@@ -44,11 +44,7 @@ def shards(ctx: Context) -> int:
     return ctx.services.settings.unlock_shards
 
 
-async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
-    if not keys.usable_id(capsule_id):
-        return None
-    item = await ctx.loaders.item.load(keys.capsule(capsule_id))
-    return Capsule.from_item(item) if item else None
+load_capsule = access.load_capsule
 
 
 async def visible_capsule(ctx: Context, capsule_id: str) -> Capsule:
