@@ -20,7 +20,12 @@ from urllib.parse import urlsplit
 def main() -> None:
     url = urlsplit(sys.argv[1])
     stop = threading.Event()
-    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+
+    def wait_for_stop() -> None:
+        sys.stdin.readline()
+        stop.set()
+
+    threading.Thread(target=wait_for_stop, daemon=True).start()
     latencies: list[float] = []
     failures = 0
     print("READY", flush=True)

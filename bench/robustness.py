@@ -182,7 +182,11 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
                 latencies, failures = probe.stop()
             results[name] = (latencies, failures, detail)
 
-        measure("idle (baseline)", lambda: (time.sleep(seconds), "no load")[1])
+        def idle() -> str:
+            time.sleep(seconds)  # the baseline: the prober alone against the idle server
+            return "no load"
+
+        measure("idle (baseline)", idle)
 
         query = amplification()
 

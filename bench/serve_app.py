@@ -52,12 +52,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.plain:
         from bench.plain_app import create_plain_app
 
-        app.create_app = lambda settings, **_: create_plain_app(settings)  # type: ignore[assignment]
+        app.create_app = lambda settings, **_: create_plain_app(settings)
     elif args.unlock_log:
         path = args.unlock_log
-        app.create_app = functools.partial(  # type: ignore[assignment]
-            app.create_app, wrap_table=lambda table: UnlockLog(table, path)
-        )
+        app.create_app = functools.partial(app.create_app, wrap_table=lambda table: UnlockLog(table, path))
     if args.deflate:
         real_run = uvicorn.run
 
@@ -65,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             kw["ws_per_message_deflate"] = True
             real_run(*a, **kw)
 
-        uvicorn.run = run  # type: ignore[assignment]
+        uvicorn.run = run
     app._serve(Settings.from_env())
 
 

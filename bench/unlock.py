@@ -109,7 +109,7 @@ async def moto_table(tmp: Path) -> AsyncIterator[Table]:
     with running_moto_server(tmp) as url:
         name = f"bench-{uuid.uuid4().hex[:8]}"
         async with open_dynamo_table(name, url, "us-east-1") as table:
-            await create_table(table.client, name)  # type: ignore[attr-defined]
+            await create_table(table.client, name)
             yield table
 
 

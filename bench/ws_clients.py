@@ -13,8 +13,10 @@ import asyncio
 import json
 import sys
 import time
+from typing import Any
 
 import websockets
+from websockets.typing import Subprotocol
 
 SUBSCRIPTION = "subscription { capsuleUnlocked { capsule { id status } unlockedAt } }"
 
@@ -38,7 +40,11 @@ async def client(
 ) -> None:
     async with limit:  # a few handshakes at a time
         ws = await websockets.connect(
-            url, subprotocols=["graphql-transport-ws"], open_timeout=120, ping_interval=None, max_queue=None
+            url,
+            subprotocols=[Subprotocol("graphql-transport-ws")],
+            open_timeout=120,
+            ping_interval=None,
+            max_queue=None,
         )
         await ws.send(
             json.dumps({"type": "connection_init", "payload": {"Authorization": f"Bearer {token}"}})
@@ -74,8 +80,9 @@ async def main() -> None:
         asyncio.create_task(client(url, t, received, e, limit, query))
         for t, e in zip(tokens, events, strict=True)
     ]
-    everyone = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in events)))
-    await asyncio.wait([everyone, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    everyone: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in events)))
+    waiting: list[asyncio.Future[Any]] = [everyone, *tasks]
+    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
     failed = [repr(t.exception()) for t in tasks if t.done() and not t.cancelled() and t.exception()]
     print(f"READY {len(tokens)} {len(failed)} {'; '.join(failed[:3])}", flush=True)
     loop = asyncio.get_running_loop()

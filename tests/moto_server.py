@@ -68,7 +68,7 @@ def one_snapshot_per_transaction() -> None:
         finally:
             shim.memo = None
 
-    models.copy = shim  # type: ignore[assignment]
+    models.copy = shim  # type: ignore[attr-defined, assignment]
     models.DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
 
 

@@ -51,7 +51,7 @@ class FailingTable:
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, FailingTable]]:
     table = FailingTable(SqliteTable(tmp_path / "t.sqlite3"))
-    app = create_app(Settings(data_dir=tmp_path, auth_secret=SECRET), table=table)  # type: ignore[arg-type]
+    app = create_app(Settings(data_dir=tmp_path, auth_secret=SECRET), table=table)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
             http.headers["Authorization"] = f"Bearer {mint_token(SECRET, 'ana')}"

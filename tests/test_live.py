@@ -17,6 +17,7 @@ import websockets
 from gql import Client, GraphQLRequest
 from gql.transport.httpx import HTTPXAsyncTransport
 from gql.transport.websockets import WebsocketsTransport
+from websockets.typing import Subprotocol
 
 from resolvers.core.auth import mint_token
 from tests import media_factory
@@ -171,7 +172,9 @@ async def test_content_status_walks_to_ready_over_websocket(
 
 async def test_a_socket_without_a_valid_token_is_closed_unauthorized(live_server: ServerProcess) -> None:
     for payload in ({}, {"Authorization": "Bearer not-a-token"}):
-        async with websockets.connect(live_server.ws_url, subprotocols=["graphql-transport-ws"]) as socket:
+        async with websockets.connect(
+            live_server.ws_url, subprotocols=[Subprotocol("graphql-transport-ws")]
+        ) as socket:
             import json
 
             await socket.send(json.dumps({"type": "connection_init", "payload": payload}))

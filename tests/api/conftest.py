@@ -118,12 +118,12 @@ async def open_table(engine: str, tmp_path: Path, moto_url: str | None) -> Async
 
     name = f"t-{uuid.uuid4().hex[:12]}"
     async with open_dynamo_table(name, moto_url, "us-east-1") as dynamo:
-        await create_table(dynamo.client, name)  # type: ignore[attr-defined]
+        await create_table(dynamo.client, name)
         try:
             yield dynamo
         finally:
             # moto copies every table in each transaction: keep the server small.
-            await dynamo.client.delete_table(TableName=name)  # type: ignore[attr-defined]
+            await dynamo.client.delete_table(TableName=name)
 
 
 @contextlib.asynccontextmanager

@@ -100,7 +100,7 @@ def selection(type_: GraphQLType, depth: int, path: frozenset[str] = frozenset()
         inner = _named(definition.type)
         if isinstance(inner, GraphQLScalarType | GraphQLEnumType):
             parts.append(name)
-        elif depth > 0 and inner.name not in path:
+        elif depth > 0 and isinstance(inner, GraphQLObjectType) and inner.name not in path:
             sub = selection(inner, depth - 1, path | {named.name})
             if sub:
                 parts.append(f"{name} {sub}")

@@ -4,6 +4,7 @@ the feed, reactions, comments, paging, deletion; and every refusal."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -126,14 +127,15 @@ async def test_upload_refusals_write_nothing(api: Api) -> None:
     before = await api.snapshot()
     create = """mutation($input: CreateUploadInput!) { createUpload(input: $input) { uploadUrl } }"""
     base = {"familyId": family_id, "type": "VIDEO", "mimeType": "video/mp4", "sizeBytes": 10}
-    for change, code in [
+    changes: list[tuple[dict[str, Any], str]] = [
         ({"mimeType": "image/png"}, "BAD_USER_INPUT"),
         ({"sizeBytes": 0}, "BAD_USER_INPUT"),
         ({"sizeBytes": 10**12}, "BAD_USER_INPUT"),
         ({"type": "HOLOGRAM"}, "BAD_USER_INPUT"),
         ({"title": "x" * 201}, "BAD_USER_INPUT"),
         ({"familyId": "nope"}, "NOT_FOUND"),
-    ]:
+    ]
+    for change, code in changes:
         assert (await api.error(create, {"input": {**base, **change}}, as_="ana"))[0] == code, change
     assert (await api.error(create, {"input": base}, as_="zoe"))[0] == "NOT_FOUND"
     assert await api.snapshot() == before

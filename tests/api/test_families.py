@@ -190,6 +190,7 @@ async def test_members_page_with_cursors_and_tampered_cursor(api: Api) -> None:
         after = page["pageInfo"]["endCursor"]
     assert sorted(seen) == sorted(["ana", *[f"m{i}" for i in range(5)]])
     assert len(seen) == 6
+    assert after is not None
     tampered = after[:-2] + ("AA" if not after.endswith("AA") else "BB")
     assert (await api.error(query, {"id": family_id, "after": tampered}, as_="ana"))[0] == "BAD_USER_INPUT"
     code, _ = await api.error(

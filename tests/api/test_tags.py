@@ -281,7 +281,7 @@ async def test_refusals_change_nothing(api: Api) -> None:
     await set_tags(api, "ana", content, ["abuela"], "fotos")
     await api.sign_in("ana", "ben", "zoe")
     before = await api.snapshot()
-    refusals = [
+    refusals: list[tuple[str, str, dict[str, Any], str]] = [
         ("zoe", SET_TAGS, {"c": content, "v": ["intruso"]}, "NOT_FOUND"),
         ("ana", SET_TAGS, {"c": "nope", "v": ["x"]}, "NOT_FOUND"),
         ("zoe", SEARCH, {"f": family, "p": "a"}, "NOT_FOUND"),

@@ -6,8 +6,9 @@ import time
 
 import jwt
 
-from tests.api.conftest import SECRET, Api
+from tests.api.conftest import Api
 from tests.factories import family_with_members
+from tests.servers import SECRET
 
 ME = "{ me { id email givenName familyName profileImageUrl onboardingComplete createdAt } }"
 
