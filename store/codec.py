@@ -1,0 +1,81 @@
+"""One codec for every record of the table.
+
+A record is a frozen dataclass. Its fields become item attributes under their
+camelCase names (`created_at` -> `createdAt`), and come back the same way, with
+the dataclass's defaults for attributes an older item lacks. What differs from
+record to record is declared on the record, never coded twice:
+
+- `ITEM_TYPE`: the item's `type` attribute (the class name unless set);
+- `RENAMED`: fields stored under another name (`type` -> `contentType`);
+- `DERIVED`: fields not stored as themselves, but read back from the item by
+  `derived_from` (whether an index key is present, say);
+- `index_keys()` and `extra_attributes()`: what the item holds besides fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, fields
+from typing import Any, ClassVar, Self
+
+from store.port import Item, Key
+
+
+def attribute_name(field_name: str) -> str:
+    head, *rest = field_name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+class Record:
+    """The codec, mixed into each record dataclass."""
+
+    ITEM_TYPE: ClassVar[str | None] = None
+    RENAMED: ClassVar[Mapping[str, str]] = {}
+    DERIVED: ClassVar[frozenset[str]] = frozenset()
+
+    @property
+    def key(self) -> Key:
+        raise NotImplementedError
+
+    def index_keys(self) -> Item:
+        """The GSI key attributes this record's item carries now."""
+        return {}
+
+    def extra_attributes(self) -> Item:
+        """Attributes beside the fields (e.g. one counter per emoji)."""
+        return {}
+
+    @classmethod
+    def derived_from(cls, item: Item) -> dict[str, Any]:
+        """The DERIVED fields, read back from an item."""
+        return {}
+
+    @classmethod
+    def item_type(cls) -> str:
+        return cls.ITEM_TYPE or cls.__name__
+
+    def to_item(self) -> Item:
+        pk, sk = self.key
+        item: Item = {"PK": pk, "SK": sk, "type": self.item_type()}
+        for spec in fields(self):  # type: ignore[arg-type]
+            if spec.name not in self.DERIVED:
+                value = getattr(self, spec.name)
+                item[self.RENAMED.get(spec.name, attribute_name(spec.name))] = (
+                    list(value) if isinstance(value, tuple) else value
+                )
+        item.update(self.extra_attributes())
+        item.update(self.index_keys())
+        return item
+
+    @classmethod
+    def from_item(cls, item: Item) -> Self:
+        values: dict[str, Any] = {}
+        for spec in fields(cls):  # type: ignore[arg-type]
+            if spec.name in cls.DERIVED:
+                continue
+            name = cls.RENAMED.get(spec.name, attribute_name(spec.name))
+            if name in item and (item[name] is not None or spec.default is MISSING):
+                value = item[name]
+                values[spec.name] = tuple(value) if isinstance(value, list) else value
+        values.update(cls.derived_from(item))
+        return cls(**values)
