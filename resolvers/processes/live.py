@@ -26,6 +26,10 @@ def _broker(ctx: Context) -> Broker:
     return ctx.services.broker
 
 
+def _slot(ctx: Context) -> asyncio.Semaphore:
+    return ctx.services.event_reads.slots
+
+
 def _refresh(ctx: Context) -> None:
     # The connection's context outlives one event; its cache must not.
     ctx.forget_loaders()
@@ -38,19 +42,20 @@ async def content_status(ctx: Context, content_id: str) -> AsyncIterator[Content
         yield content
         last = content.status
         async for event in events:
-            _refresh(ctx)
-            try:
-                content, _ = await content_resolvers.readable_content(ctx, content_id)
-            except NotFound:
-                if await content_resolvers.load_content(ctx, content_id) is None:
-                    return  # deleted: the stream ends
-                continue  # no longer theirs to see
-            # The content may have moved on while this event travelled: report
-            # the move the event announces, so every state is seen in order.
-            status = str(event.get("status") or content.status)
-            if status != last:
-                last = status
-                yield replace(content, status=status)
+            async with _slot(ctx):
+                _refresh(ctx)
+                try:
+                    content, _ = await content_resolvers.readable_content(ctx, content_id)
+                except NotFound:
+                    if await content_resolvers.load_content(ctx, content_id) is None:
+                        return  # deleted: the stream ends
+                    continue  # no longer theirs to see
+                # The content may have moved on while this event travelled: report
+                # the move the event announces, so every state is seen in order.
+                status = str(event.get("status") or content.status)
+                if status != last:
+                    last = status
+                    yield replace(content, status=status)
 
 
 @dataclass(frozen=True)
@@ -67,9 +72,15 @@ class EventReads:
     per subscriber, on what was read."""
 
     TTL_SECONDS = 10.0
+    # Subscribers working on an event at once, in this process. One event can
+    # wake ten thousand; each holds a slot from its reads until its answer is
+    # sent, so the event loop turns between a few dozen of them at a time and
+    # everything else (health checks, requests) keeps its turn.
+    SLOTS = 64
 
     def __init__(self) -> None:
         self._reads: dict[tuple[str, ...], tuple[float, asyncio.Future[UnlockedReads | None]]] = {}
+        self.slots = asyncio.Semaphore(self.SLOTS)
 
     async def read(
         self, key: tuple[str, ...], load: Callable[[], Awaitable[UnlockedReads | None]]
@@ -126,15 +137,16 @@ async def capsules_unlocked(ctx: Context) -> AsyncIterator[tuple[Capsule, str]]:
         async for event in events:
             if event.get("kind") != "capsule":
                 continue
-            _refresh(ctx)
-            try:
-                capsule = await _unlocked_capsule(ctx, event, viewer)
-            except Exception:
-                # The store failed this read; the notification stays in the table.
-                log.exception("could not read capsule %s for a subscriber", event.get("capsuleId"))
-                continue
-            if capsule is not None:
-                yield capsule, str(event["unlockedAt"])
+            async with _slot(ctx):
+                _refresh(ctx)
+                try:
+                    capsule = await _unlocked_capsule(ctx, event, viewer)
+                except Exception:
+                    # The store failed this read; the notification stays in the table.
+                    log.exception("could not read capsule %s for a subscriber", event.get("capsuleId"))
+                    continue
+                if capsule is not None:
+                    yield capsule, str(event["unlockedAt"])
 
 
 async def notifications_added(ctx: Context) -> AsyncIterator[Notification]:
@@ -143,9 +155,10 @@ async def notifications_added(ctx: Context) -> AsyncIterator[Notification]:
         async for event in events:
             if event.get("kind") != "notification" or event.get("userId") != viewer:
                 continue
-            _refresh(ctx)
-            item = await ctx.loaders.item.load(
-                keys.notification(viewer, str(event["createdAt"]), str(event["id"]))
-            )
-            if item is not None:
-                yield Notification.from_item(item)
+            async with _slot(ctx):
+                _refresh(ctx)
+                item = await ctx.loaders.item.load(
+                    keys.notification(viewer, str(event["createdAt"]), str(event["id"]))
+                )
+                if item is not None:
+                    yield Notification.from_item(item)
