@@ -108,13 +108,17 @@ class _Guarded:
     async def _expire(self) -> None:
         raise NotImplementedError
 
-    async def _malformed(self, message: Any) -> bool:
-        if _well_formed(message):
-            return False
-        await self.websocket.close(code=4400, reason="malformed message")
-        return True
+    # Both protocols' handlers name these two hooks alike; `super()` reaches the
+    # protocol's own handler, which comes after this class in the MRO.
 
-    def _watch_expiry(self) -> None:
+    async def handle_message(self, message: Any) -> None:
+        if not _well_formed(message):
+            await self.websocket.close(code=4400, reason="malformed message")
+            return
+        await super().handle_message(message)  # type: ignore[misc]
+
+    async def handle_connection_init(self, message: Any) -> None:
+        await super().handle_connection_init(message)  # type: ignore[misc]
         if self.connection_acknowledged and self.expiry is None:
             self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
 
@@ -135,14 +139,6 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
     async def _expire(self) -> None:
         await self.websocket.close(code=4403, reason="token expired")
 
-    async def handle_message(self, message: Any) -> None:
-        if not await self._malformed(message):
-            await super().handle_message(message)
-
-    async def handle_connection_init(self, message: Any) -> None:
-        await super().handle_connection_init(message)
-        self._watch_expiry()
-
     async def handle_subscribe(self, message: Any) -> None:
         if not await self._expired():
             await super().handle_subscribe(message)
@@ -159,14 +155,6 @@ class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
     async def _expire(self) -> None:
         await self.send_message({"type": "connection_error", "payload": {"message": "token expired"}})
         await self.websocket.close(code=4403, reason="token expired")
-
-    async def handle_message(self, message: Any) -> None:
-        if not await self._malformed(message):
-            await super().handle_message(message)
-
-    async def handle_connection_init(self, message: Any) -> None:
-        await super().handle_connection_init(message)
-        self._watch_expiry()
 
     async def handle_start(self, message: Any) -> None:
         if not await self._expired():
