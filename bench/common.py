@@ -247,7 +247,7 @@ async def upload_text(
 
 
 async def settle(api: InProcessApi) -> None:
-    await api.services.pipeline.idle()
+    await api.services.pipeline.queue.join()  # every queued content processed
 
 
 FEED_AUTHORS = ["ana", "ben", "cy", "dee", "eve"]

@@ -104,7 +104,7 @@ async def upload(
 
 async def settle(api: Any) -> None:
     """Waits until the media pipeline has nothing queued."""
-    await api.services.pipeline.idle()
+    await api.services.pipeline.queue.join()  # every queued content processed
 
 
 # Straight into the store, for scale: a family and LOCKED capsules due at a moment,

@@ -110,10 +110,6 @@ class Pipeline:
                 await task
         self._tasks = []
 
-    async def idle(self) -> None:
-        """Returns once every queued content has been processed (for tests and benchmarks)."""
-        await self.queue.join()
-
     async def _work(self) -> None:
         while True:
             content_id = await self.queue.get()
