@@ -18,7 +18,6 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from graphql import ExecutionResult as GraphQLExecutionResult
 from graphql import (
     FieldNode,
     FragmentDefinitionNode,
@@ -36,13 +35,13 @@ from graphql import (
 )
 from graphql.utilities import get_operation_ast
 from strawberry.extensions import SchemaExtension
-from strawberry.types.graphql import OperationType
 
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput
 from resolvers.core.pagination import MAX_PAGE
 from resolvers.domain.capsules import MAX_RECIPIENTS
 from resolvers.domain.tags import MAX_TAGS
+from schema.guard import refuse
 
 DEFAULT_LIST_SIZE = 20
 MAX_LIST_ITEMS = 100
@@ -159,9 +158,7 @@ class QueryCost(SchemaExtension):
         if isinstance(context, Context) and document is not None and execution_context.result is None:
             refusal = self._refusal(context, document)
             if refusal is not None:
-                if execution_context.operation_type is OperationType.SUBSCRIPTION:
-                    raise refusal  # a subscription's on_execute error becomes its one result
-                execution_context.result = GraphQLExecutionResult(data=None, errors=[refusal])
+                refuse(execution_context, refusal)
         yield
 
     def _refusal(self, context: Context, document: Any) -> GraphQLError | None:

@@ -61,6 +61,13 @@ def is_introspection(execution_context: Any) -> bool:
     return _only_introspection(operation.selection_set, fragments)
 
 
+def refuse(execution_context: Any, error: GraphQLError) -> None:
+    """Answers the operation with `error` instead of running it (from on_execute)."""
+    if execution_context.operation_type is OperationType.SUBSCRIPTION:
+        raise error  # a subscription's on_execute error becomes its one result
+    execution_context.result = GraphQLExecutionResult(data=None, errors=[error])
+
+
 class SignedIn(SchemaExtension):
     def on_execute(self) -> Iterator[None]:
         execution_context = self.execution_context
@@ -69,12 +76,7 @@ class SignedIn(SchemaExtension):
         if isinstance(context, Context) and not is_introspection(execution_context):
             refusal = context.signed_in_error()
         if refusal is not None:
-            if execution_context.operation_type is OperationType.SUBSCRIPTION:
-                # A subscription's on_execute error becomes its one result.
-                raise refusal
-            execution_context.result = GraphQLExecutionResult(
-                data=None, errors=[GraphQLError(refusal.message, original_error=refusal)]
-            )
+            refuse(execution_context, GraphQLError(refusal.message, original_error=refusal))
         yield
 
 

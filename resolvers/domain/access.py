@@ -113,9 +113,6 @@ async def load_content(ctx: Context, content_id: str) -> Content | None:
     return Content.from_item(item) if item else None
 
 
-_content = load_content
-
-
 async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
     if not keys.usable_id(capsule_id):
         return None
@@ -141,12 +138,12 @@ async def _decide(ctx: Context, record: Record) -> bool:
         capsule = await load_capsule(ctx, record.capsule_id)
         return capsule is not None and await may_read(ctx, capsule)
     if isinstance(record, Comment):
-        content = await _content(ctx, record.content_id)
+        content = await load_content(ctx, record.content_id)
         return content is not None and await may_read(ctx, content)
     if isinstance(record, Tag):
         if record.private and record.author_id != viewer:
             return False
-        content = await _content(ctx, record.content_id)
+        content = await load_content(ctx, record.content_id)
         return content is not None and await may_read(ctx, content)
     raise TypeError(f"no read rule for {type(record).__name__}")
 

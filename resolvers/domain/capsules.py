@@ -220,9 +220,8 @@ class CapsulePage:
 
 async def _readable_page(ctx: Context, page: ItemPage, capsules: list[Capsule | None]) -> CapsulePage:
     found = [(c, cursor) for c, cursor in zip(capsules, page.cursors, strict=True) if c is not None]
-    allowed = await access.readable(ctx, [c for c, _ in found])
-    kept = {id(c) for c in allowed}
-    chosen = [(c, cursor) for c, cursor in found if id(c) in kept]
+    verdicts = await asyncio.gather(*(access.may_read(ctx, c) for c, _ in found))
+    chosen = [pair for pair, allowed in zip(found, verdicts, strict=True) if allowed]
     return CapsulePage(
         [c for c, _ in chosen], [cursor for _, cursor in chosen], page.has_next, page.end_cursor
     )

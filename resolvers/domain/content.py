@@ -390,18 +390,14 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
     )
     # Whether the content's author is still in the family, read beside the write:
     # someone who left hears nothing more of it.
-    written, author = await asyncio.gather(
-        ctx.counted("comment", write),
-        ctx.table.get(keys.member(content.family_id, content.author_id)),
-        return_exceptions=True,
-    )
-    if isinstance(written, TransactionCancelled):
-        raise not_found("content") from written
-    for failure in (written, author):
-        if isinstance(failure, BaseException):
-            raise failure
+    try:
+        _, author = await asyncio.gather(
+            ctx.counted("comment", write), ctx.table.get(keys.member(content.family_id, content.author_id))
+        )
+    except TransactionCancelled as error:
+        raise not_found("content") from error
     ctx.loaders.forget(content.key)
-    author_reads = isinstance(author, dict) and author.get("role") in access.READERS
+    author_reads = author is not None and author.get("role") in access.READERS
     if content.author_id != membership.user_id and author_reads:
         note = Notification(
             user_id=content.author_id,
