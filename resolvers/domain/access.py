@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from resolvers.core.context import Context
-from resolvers.core.errors import NotFound, not_found
+from resolvers.core.errors import Forbidden, NotFound, not_found
 from store import keys
 from store.enums import CapsuleStatus, Role
 from store.items import Capsule, Comment, Content, Family, Membership, Notification, Recipient, Tag
@@ -88,6 +88,12 @@ async def require_reader(ctx: Context, family_id: str) -> Membership:
     if found is None:
         raise not_found("family")
     return found
+
+
+def waiting_for_approval() -> Forbidden:
+    # A PENDING member is not a stranger: they know the family exists, so they
+    # are told why they cannot read it yet rather than "not found".
+    return Forbidden("your membership is waiting for approval")
 
 
 # Records -----------------------------------------------------------------------
@@ -204,7 +210,11 @@ async def content_reader(ctx: Context, content: Content) -> Membership | None:
 async def readable_content(ctx: Context, content_id: str) -> tuple[Content, Membership]:
     """The content and the viewer's membership; NOT_FOUND unless the rule allows it."""
     content = await load_content(ctx, content_id)
-    membership = await content_reader(ctx, content) if content else None
-    if content is None or membership is None:
+    reading = await content_reader(ctx, content) if content else None
+    if content is None or reading is None:
+        if content is not None and not is_sealed(content):
+            found = await membership(ctx, content.family_id)
+            if found is not None and found.role == Role.PENDING:
+                raise waiting_for_approval()
         raise not_found("content")
-    return content, membership
+    return content, reading

@@ -92,10 +92,10 @@ async def visible_family(ctx: Context, family_id: str) -> tuple[Family, Membersh
 
 
 async def readable_family(ctx: Context, family_id: str) -> tuple[Family, Membership]:
-    """Family content is for MEMBERs and ADMINs; a PENDING member is told NOT_FOUND."""
+    """Family content is for MEMBERs and ADMINs; a PENDING member is told they are waiting."""
     family, membership = await visible_family(ctx, family_id)
     if membership.role not in READERS:
-        raise not_found("family")
+        raise access.waiting_for_approval()
     return family, membership
 
 

@@ -279,7 +279,7 @@ async def test_feed_reactions_comments_paging_and_delete(api: Api) -> None:
     assert target not in [edge["node"]["id"] for edge in feed]
 
 
-async def test_outsiders_and_pending_members_get_not_found(api: Api) -> None:
+async def test_outsiders_get_not_found_and_pending_members_are_told_they_wait(api: Api) -> None:
     from tests.factories import join, make_family
 
     family = await make_family(api, "ana", trust="CLOSED")
@@ -287,13 +287,26 @@ async def test_outsiders_and_pending_members_get_not_found(api: Api) -> None:
     content_id = await upload(api, "ana", family["id"], "TEXT", b"hola", "text/plain")
     await settle(api)
     await api.sign_in("zoe")
-    for who in ("zoe", "pat"):
-        assert (await api.error(CONTENT, {"id": content_id}, as_=who))[0] == "NOT_FOUND"
-        assert (await api.error(FEED, {"id": family["id"]}, as_=who))[0] == "NOT_FOUND"
-        before = await api.snapshot()
-        assert (await api.error(REACT, {"id": content_id, "e": "👍"}, as_=who))[0] == "NOT_FOUND"
-        assert (await api.error(COMMENT, {"id": content_id, "b": "hi"}, as_=who))[0] == "NOT_FOUND"
-        assert await api.snapshot() == before
+    for who, code in (("zoe", "NOT_FOUND"), ("pat", "FORBIDDEN")):
+        for document, variables in (
+            (CONTENT, {"id": content_id}),
+            (FEED, {"id": family["id"]}),
+            (REACT, {"id": content_id, "e": "👍"}),
+            (COMMENT, {"id": content_id, "b": "hi"}),
+        ):
+            before = await api.snapshot()
+            found, message = await api.error(document, variables, as_=who)
+            assert found == code
+            if who == "pat":
+                assert message == "your membership is waiting for approval"
+            assert await api.snapshot() == before
+    # The family itself stays readable to the person who waits.
+    waiting = await api.ok(
+        "query($id: ID!) { family(id: $id) { name members { edges { node { role } } } } }",
+        {"id": family["id"]},
+        as_="pat",
+    )
+    assert waiting["family"]["members"]["edges"] == [{"node": {"role": "PENDING"}}]
 
 
 async def test_tampered_feed_cursor_is_bad_input(api: Api) -> None:
