@@ -1,6 +1,11 @@
-"""The media pipeline: an in-process worker that walks content through
-PROCESSING -> TRANSCODING -> TRANSCRIBING -> READY (or FAILED), one conditional
-write per move, and the archive sweep.
+"""The media pipeline: an in-process worker that walks content through its
+states, one conditional write per move, and the archive sweep.
+
+Video and audio keep the seed's machine, PROCESSING -> TRANSCODING ->
+TRANSCRIBING -> READY (TRANSCRIBING is passed through when no transcriber is
+configured or the file has no sound). A photo goes PROCESSING -> TRANSCODING ->
+READY: its JPEG derivatives are made, and there is nothing to transcribe. A
+note goes PROCESSING -> READY. Any step may end in FAILED.
 
 Work arrives on a bounded queue, so a request never waits for media. Content
 left mid-pipeline (a crash, a restart, a full queue) is found again through the
@@ -50,6 +55,8 @@ from store.port import (
 log = logging.getLogger("mifamilias.pipeline")
 
 QUEUE_SIZE = 100
+# The kinds that pass through TRANSCRIBING: those that can carry speech.
+TRANSCRIBED = frozenset({ContentType.VIDEO, ContentType.AUDIO})
 
 
 @dataclass(frozen=True)
@@ -225,28 +232,36 @@ class Pipeline:
         if content.status == ContentStatus.PROCESSING:
             await self.blobs.fetch_to_file(original_key(content), source)
             await self._check(content, source)
+            if content.type == ContentType.TEXT:
+                # A note has nothing to transcode or transcribe: its original is its media.
+                await self._ready(content, mediaKey=original_key(content), hasAudio=False)
+                return
             content = await self._move(content, ContentStatus.TRANSCODING)
         if content.status == ContentStatus.TRANSCODING:
             if not source.exists():
                 await self.blobs.fetch_to_file(original_key(content), source)
             outputs = await self._transcode(content, source, workdir)
-            content = await self._move(
-                content,
-                ContentStatus.TRANSCRIBING,
-                mediaKey=outputs.media_key,
-                thumbnailKey=outputs.thumbnail_key,
-                hasAudio=outputs.has_audio,
-                mediaFormat=outputs.media_format,
-            )
+            made = {
+                "mediaKey": outputs.media_key,
+                "thumbnailKey": outputs.thumbnail_key,
+                "hasAudio": outputs.has_audio,
+                "mediaFormat": outputs.media_format,
+            }
+            if content.type not in TRANSCRIBED:
+                # A photo's derivatives are real work; there is nothing to transcribe.
+                await self._ready(content, **made)
+                return
+            content = await self._move(content, ContentStatus.TRANSCRIBING, **made)
         if content.status == ContentStatus.TRANSCRIBING:
             has_audio = outputs.has_audio if outputs else bool(claimed.get("hasAudio"))
             media_format = outputs.media_format if outputs else claimed.get("mediaFormat")
             transcription = await self._transcribe(content, has_audio, media_format)
-            ready_at = iso(self.clock())
-            content = await self._move(
-                content, ContentStatus.READY, transcription=transcription, readyAt=ready_at
-            )
-            await notifications.content_ready(self.table, self.broker, content, ready_at)
+            await self._ready(content, transcription=transcription)
+
+    async def _ready(self, content: Content, **changes: Any) -> None:
+        ready_at = iso(self.clock())
+        content = await self._move(content, ContentStatus.READY, readyAt=ready_at, **changes)
+        await notifications.content_ready(self.table, self.broker, content, ready_at)
 
     async def _check(self, content: Content, source: Path) -> None:
         if content.type == ContentType.TEXT:

@@ -3,6 +3,7 @@ the feed, reactions, comments, paging, deletion; and every refusal."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,40 @@ async def test_each_type_walks_to_ready_with_real_outputs(
 
             with Image.open(thumb) as image:
                 assert image.format == "JPEG" and image.size == (320, 240)
+
+
+@pytest.mark.parametrize(
+    ("kind", "walk"),
+    [
+        ("PHOTO", ["PROCESSING", "TRANSCODING", "READY"]),
+        ("TEXT", ["PROCESSING", "READY"]),
+        ("AUDIO", ["PROCESSING", "TRANSCODING", "TRANSCRIBING", "READY"]),
+    ],
+)
+async def test_each_kind_passes_only_through_states_that_do_work_for_it(
+    api: Api, media: dict[str, Path], kind: str, walk: list[str]
+) -> None:
+    from resolvers.adapters.broker import content_channel
+
+    family_id = await family_with_members(api, "ana", [])
+    body, mime = {
+        "PHOTO": (media["photo"].read_bytes(), "image/png"),
+        "TEXT": (b"hola", "text/plain"),
+        "AUDIO": (media["audio"].read_bytes(), "audio/wav"),
+    }[kind]
+    started = await start_upload(api, "ana", family_id, kind, mime, len(body), None, None)
+    content_id = str(started["content"]["id"])
+    assert await put_bytes(api, started["uploadUrl"], body, mime) == 200
+    async with api.services.broker.subscribe(content_channel(content_id)) as events:
+        await api.ok(COMPLETE, {"id": content_id}, as_="ana")
+        await settle(api)
+        seen: list[str] = []
+        async with asyncio.timeout(30):
+            async for event in events:
+                seen.append(event["status"])
+                if event["status"] in ("READY", "FAILED"):
+                    break
+    assert seen == walk
 
 
 async def test_a_file_that_is_not_what_it_claims_fails_and_can_be_retried(
