@@ -48,7 +48,7 @@ async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> T
         from store.dynamodb import open_dynamo_table
 
         return await stack.enter_async_context(
-            open_dynamo_table(settings.table_name, settings.dynamodb_endpoint, settings.aws_region)
+            open_dynamo_table(settings.table_name, settings.dynamodb_endpoint, settings.region)
         )
     from store.sqlite import SqliteTable
 
@@ -151,6 +151,9 @@ def _token(settings: Settings, args: argparse.Namespace) -> None:
             audience=settings.jwt_audience,
         )
     )
+    # On stderr, so that `$(./dev app token ana)` still captures the token alone.
+    where = "MIFAMILIAS_AUTH_SECRET" if settings.auth_secret else settings.data_dir / "auth-secret"
+    print(f"signed with the secret in {where}: the server must use the same settings", file=sys.stderr)
 
 
 async def _create_table(settings: Settings) -> bool:
@@ -160,7 +163,7 @@ async def _create_table(settings: Settings) -> bool:
 
     session = aioboto3.Session()
     async with session.client(
-        "dynamodb", endpoint_url=settings.dynamodb_endpoint, region_name=settings.aws_region or "us-east-1"
+        "dynamodb", endpoint_url=settings.dynamodb_endpoint, region_name=settings.region
     ) as client:
         return await create_table(client, settings.table_name)
 

@@ -58,7 +58,7 @@ async def _open_transcriber(settings: Settings, stack: contextlib.AsyncExitStack
     if not settings.s3_bucket:
         raise RuntimeError("MIFAMILIAS_TRANSCRIBER=aws needs MIFAMILIAS_S3_BUCKET")
     transcriber: Transcriber = await stack.enter_async_context(
-        open_aws_transcriber(settings.s3_bucket, settings.s3_endpoint, settings.aws_region or "us-east-1")
+        open_aws_transcriber(settings.s3_bucket, settings.s3_endpoint, settings.region)
     )
     return transcriber
 
@@ -73,7 +73,7 @@ async def _open_blobs(
     from store.blobs import open_s3_blob_store
 
     blobs: BlobStore = await stack.enter_async_context(
-        open_s3_blob_store(settings.s3_bucket, settings.s3_endpoint, settings.aws_region or "us-east-1")
+        open_s3_blob_store(settings.s3_bucket, settings.s3_endpoint, settings.region)
     )
     return blobs
 

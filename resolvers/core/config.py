@@ -29,6 +29,9 @@ class ConfigError(ValueError):
     """A `MIFAMILIAS_` variable holds a value the server cannot use."""
 
 
+DEFAULT_REGION = "us-east-1"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, frozen=True, extra="forbid")
 
@@ -96,6 +99,20 @@ class Settings(BaseSettings):
     @property
     def uses_dynamodb(self) -> bool:
         return self.dynamodb_endpoint is not None or self.aws_region is not None
+
+    @property
+    def region(self) -> str:
+        """The AWS region: MIFAMILIAS_AWS_REGION, else AWS's own chain (AWS_REGION,
+        AWS_DEFAULT_REGION, the profile's config), else us-east-1. A local stand-in
+        (moto_server, DynamoDB Local, LocalStack) then needs no region at all."""
+        if self.aws_region:
+            return self.aws_region
+        if os.environ.get("AWS_REGION"):  # the other SDKs' variable, which botocore does not read
+            return os.environ["AWS_REGION"]
+        import botocore.session  # only when AWS is in use: it is slow to import
+
+        found = botocore.session.get_session().get_config_variable("region")
+        return str(found) if found else DEFAULT_REGION
 
     @property
     def base_url(self) -> str:
