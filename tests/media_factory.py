@@ -93,6 +93,59 @@ def make_jpeg_with_orientation(
     return out
 
 
+# 40°25'1.5" N, 3°42'12" W: the Puerta del Sol, for photos that carry a location.
+GPS_LATITUDE = (40.0, 25.0, 1.5)
+GPS_LONGITUDE = (3.0, 42.0, 12.0)
+TAKEN = "2024:05:17 14:03:22"
+
+
+def location_exif(
+    *, orientation: int = 6, taken: str | None = TAKEN, offset: str | None = "+02:00"
+) -> Image.Exif:
+    """EXIF as a phone writes it: make and model, orientation, capture time and a GPS block."""
+    exif = Image.Exif()
+    exif[0x010F] = "Apple"  # Make
+    exif[0x0110] = "iPhone 15"  # Model
+    exif[0x0112] = orientation
+    details = exif.get_ifd(0x8769)  # the Exif IFD
+    if taken is not None:
+        details[0x9003] = taken  # DateTimeOriginal
+    if offset is not None:
+        details[0x9011] = offset  # OffsetTimeOriginal
+    gps = exif.get_ifd(0x8825)
+    gps[0x0000] = b"\x02\x02\x00\x00"  # GPSVersionID
+    gps[0x0001] = "N"
+    gps[0x0002] = GPS_LATITUDE
+    gps[0x0003] = "W"
+    gps[0x0004] = GPS_LONGITUDE
+    gps[0x0006] = 657.0  # GPSAltitude
+    return exif
+
+
+def make_photo_with_location(
+    dir: Path,
+    fmt: str = "HEIF",
+    size: tuple[int, int] = (400, 300),
+    name: str | None = None,
+    exif: Image.Exif | None = None,
+    **save: object,
+) -> Path:
+    """A landscape photo (`fmt`: HEIF, JPEG, PNG, WEBP...) with a red marker top-left as
+    stored, and `location_exif()` (orientation 6: shown turned 90° clockwise, the marker
+    top-right). HEIF goes through pillow-heif, a real HEIC as an iPhone makes."""
+    import pillow_heif
+
+    pillow_heif.register_heif_opener()
+    w, h = size
+    suffix = {"HEIF": "heic", "JPEG": "jpg"}.get(fmt, fmt.lower())
+    out = Path(dir) / (name or f"located-{w}x{h}.{suffix}")
+    img = Image.new("RGB", (w, h), (0, 128, 255))
+    ImageDraw.Draw(img).rectangle((0, 0, w // 8, h // 6), fill=(255, 0, 0))
+    exif = exif if exif is not None else location_exif()
+    img.save(out, fmt, exif=exif.tobytes(), quality=90, **save)
+    return out
+
+
 def make_garbage(dir: Path, name: str = "garbage.bin", size: int = 4096, seed: int = 1234) -> Path:
     """`size` random bytes (seeded, so every run gets the same bytes)."""
     out = Path(dir) / name

@@ -574,10 +574,21 @@ def _transcode_photo_sync(src: Path, dst_jpg: Path, dst_thumb_jpg: Path) -> None
             icc = img.info.get("icc_profile") if img.mode in ("RGB", "RGBA", "P") else None
             img = _to_rgb(img)
             img.thumbnail((PHOTO_MAX_SIDE, PHOTO_MAX_SIDE), Image.Resampling.LANCZOS)
-            img.save(dst_jpg, "JPEG", quality=PHOTO_QUALITY, optimize=True, progressive=True, icc_profile=icc)
+            # Nothing of the source's metadata but its colour profile: no EXIF, no XMP, no comment.
+            img.save(
+                dst_jpg,
+                "JPEG",
+                quality=PHOTO_QUALITY,
+                optimize=True,
+                progressive=True,
+                icc_profile=icc,
+                comment=b"",
+            )
             thumb = img.copy()
             thumb.thumbnail((THUMBNAIL_MAX_SIDE, THUMBNAIL_MAX_SIDE), Image.Resampling.LANCZOS)
-            thumb.save(dst_thumb_jpg, "JPEG", quality=THUMBNAIL_QUALITY, optimize=True, icc_profile=icc)
+            thumb.save(
+                dst_thumb_jpg, "JPEG", quality=THUMBNAIL_QUALITY, optimize=True, icc_profile=icc, comment=b""
+            )
         except MediaError:
             raise
         except (OSError, ValueError, SyntaxError) as exc:
@@ -604,10 +615,22 @@ def _photo_pool() -> concurrent.futures.ProcessPoolExecutor:
     memory goes back to the system when the child exits, and a crash in a
     codec cannot take the server with it."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    context.set_forkserver_preload([__name__, "pillow_heif"])
     return concurrent.futures.ProcessPoolExecutor(
-        max_workers=PHOTO_WORKERS, mp_context=context, max_tasks_per_child=1
+        max_workers=PHOTO_WORKERS,
+        mp_context=context,
+        max_tasks_per_child=1,
+        initializer=_start_photo_worker,
     )
+
+
+def _start_photo_worker() -> None:
+    """Each photo process reads HEIF/HEIC too (iPhone photos). pillow-heif applies the
+    file's own rotation while decoding and sets the EXIF orientation it hands on to 1, so
+    ``ImageOps.exif_transpose`` turns such a photo only once."""
+    import pillow_heif
+
+    pillow_heif.register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
 
 
 async def _in_photo_process(function: Callable[..., T], *args: Any) -> T:

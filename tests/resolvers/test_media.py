@@ -302,3 +302,19 @@ async def test_transcode_photo_flattens_transparency(tmp_path: Path) -> None:
     with Image.open(out) as img:
         assert (img.format, img.mode, img.size) == ("JPEG", "RGB", (50, 40))
         assert min(_rgb(img, (25, 20))) > 240  # white, not black
+
+
+# ---------------------------------------------------------------------------------------------- iPhone photos
+
+
+async def test_heic_is_read_upright_and_converted_to_jpeg(tmp_path: Path) -> None:
+    heic = mf.make_photo_with_location(tmp_path, "HEIF", size=(400, 300))
+    assert await check_photo(heic) == (300, 400)
+    out, thumb = tmp_path / "out.jpg", tmp_path / "thumb.jpg"
+    await transcode_photo(heic, out, thumb)
+    assert _jpeg_size(out) == (300, 400)
+    assert _jpeg_size(thumb) == (240, 320)
+    with Image.open(out) as img:
+        assert not img.getexif() and "exif" not in img.info and "xmp" not in img.info
+        r, g, b = _rgb(img, (294, 5))
+        assert r > 180 and g < 90 and b < 90  # the marker stored top-left is top-right
