@@ -8,7 +8,7 @@ import strawberry
 from resolvers.core.pagination import page_size
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import users
-from schema.common import Info, PageInfo, when
+from schema.common import Info, PageInfo, maybe_when, when
 from schema.enums import ContentStatus, ContentType
 from schema.user import User
 from store import items
@@ -106,6 +106,13 @@ class Content:
     @strawberry.field
     def created_at(self) -> datetime:
         return when(self.item.created_at)
+
+    @strawberry.field(
+        description="when a photo was taken, from its EXIF, with the camera's UTC offset when it "
+        "recorded one and with no offset (the camera's clock) when it did not; null when unknown"
+    )
+    def captured_at(self) -> datetime | None:
+        return maybe_when(self.item.captured_at)
 
     @strawberry.field
     def reactions(self) -> list[ReactionCount]:

@@ -160,6 +160,9 @@ class Content(Record):
     transcription: str | None = None
     failure_reason: str | None = None
     ready_at: str | None = None
+    # When a photo was taken, from its EXIF: ISO 8601 with the camera's own UTC offset,
+    # or with none when the camera recorded none. Not a key, so not normalised to UTC.
+    captured_at: str | None = None
     comment_count: int = 0
     reactions: dict[str, int] = field(default_factory=dict)
     # In the family feed (GSI1); capsule content stays out until its capsule opens.

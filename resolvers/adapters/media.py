@@ -25,12 +25,14 @@ import re
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
 import imageio_ffmpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from resolvers.adapters import photo_metadata
 from store.enums import ContentType
 
 T = TypeVar("T")
@@ -40,10 +42,12 @@ __all__ = [
     "THUMBNAIL_MAX_SIDE",
     "VIDEO_MAX_SIDE",
     "MediaError",
+    "PhotoOriginal",
     "Probe",
     "check_kind",
     "check_photo",
     "check_text",
+    "photo_original",
     "probe",
     "transcode_audio",
     "transcode_photo",
@@ -597,6 +601,86 @@ def _transcode_photo_sync(src: Path, dst_jpg: Path, dst_thumb_jpg: Path) -> None
             raise MediaError("the photo could not be converted", detail=repr(exc)) from exc
 
 
+@dataclass(frozen=True)
+class PhotoOriginal:
+    """What :func:`photo_original` found in a photo's original file.
+
+    ``captured_at`` is EXIF's DateTimeOriginal in ISO 8601, with the camera's UTC
+    offset (OffsetTimeOriginal) when it recorded one and without any offset when
+    it did not; ``stripped`` says that location metadata was found and a copy
+    without it was written.
+    """
+
+    captured_at: str | None
+    stripped: bool
+
+
+_EXIF_IFD = 0x8769
+_DATE_TIME_ORIGINAL = 0x9003
+_OFFSET_TIME_ORIGINAL = 0x9011
+_SUBSEC_TIME_ORIGINAL = 0x9291
+_OFFSET_RE = re.compile(r"(?P<sign>[+-])(?P<h>\d\d):(?P<m>\d\d)")
+
+
+def _exif_text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    return value.strip("\x00 ") if isinstance(value, str) else None
+
+
+def _captured_at(exif: Image.Exif) -> str | None:
+    ifd = exif.get_ifd(_EXIF_IFD)
+    text = _exif_text(ifd.get(_DATE_TIME_ORIGINAL))
+    if not text:
+        return None
+    try:
+        moment = datetime.strptime(text, "%Y:%m:%d %H:%M:%S")
+    except ValueError:
+        return None  # "0000:00:00 00:00:00", blanks, or any other unreadable date
+    subsec = _exif_text(ifd.get(_SUBSEC_TIME_ORIGINAL))
+    if subsec and subsec.isdigit():
+        moment = moment.replace(microsecond=int(subsec[:6].ljust(6, "0")))
+    offset = _OFFSET_RE.fullmatch(_exif_text(ifd.get(_OFFSET_TIME_ORIGINAL)) or "")
+    if offset is not None and int(offset["h"]) < 24 and int(offset["m"]) < 60:
+        delta = timedelta(hours=int(offset["h"]), minutes=int(offset["m"]))
+        moment = moment.replace(tzinfo=timezone(-delta if offset["sign"] == "-" else delta))
+    return moment.isoformat()
+
+
+def _has_location(path: Path) -> bool:
+    """Whether Pillow still finds a location in the file's EXIF or XMP."""
+    with Image.open(path) as img:
+        exif = img.getexif()
+        if photo_metadata.GPS_IFD_TAG in exif or exif.get_ifd(photo_metadata.GPS_IFD_TAG):
+            return True
+        xmp = img.info.get("xmp") or img.info.get("XML:com.adobe.xmp")
+        if isinstance(xmp, str):
+            xmp = xmp.encode("utf-8", "replace")
+        return isinstance(xmp, bytes) and photo_metadata.LOCATION_XMP.search(xmp) is not None
+
+
+def _photo_original_sync(src: Path, dst: Path | None) -> PhotoOriginal:
+    try:
+        with Image.open(src) as img:  # the header and metadata only: nothing is decoded
+            captured_at = _captured_at(img.getexif())
+        if dst is None:
+            return PhotoOriginal(captured_at, stripped=False)
+        data = bytearray(src.stat().st_size)  # read once, edited in place
+        with src.open("rb") as stream:
+            stream.readinto(data)
+        stripped = photo_metadata.strip_location(data)
+        if stripped:
+            dst.write_bytes(data)
+        if _has_location(dst if stripped else src):
+            dst.unlink(missing_ok=True)
+            raise MediaError("the location could not be removed from the photo")
+    except MediaError:
+        raise
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise MediaError("the photo's metadata could not be read", detail=repr(exc)) from exc
+    return PhotoOriginal(captured_at, stripped)
+
+
 def _check_text_sync(src: Path) -> None:
     """UTF-8, checked while reading: memory stays one chunk, whatever the size."""
     decoder = codecs.getincrementaldecoder("utf-8")()
@@ -659,3 +743,14 @@ async def transcode_photo(src: Path, dst_jpg: Path, dst_thumb_jpg: Path) -> None
     profile is kept. Transparent areas become white. Never upscales.
     """
     await _in_photo_process(_transcode_photo_sync, src, dst_jpg, dst_thumb_jpg)
+
+
+async def photo_original(src: Path, stripped: Path | None) -> PhotoOriginal:
+    """Reads the capture time of a photo and, given ``stripped``, writes there a copy of
+    ``src`` without its location metadata (only when it has some: see ``.stripped``).
+
+    The copy differs from ``src`` in the location bytes alone (GPS, XMP and IPTC
+    location; see :mod:`resolvers.adapters.photo_metadata`): its pixels are not encoded
+    again. Raises MediaError if Pillow still finds a location in what would be stored.
+    """
+    return await _in_photo_process(_photo_original_sync, src, stripped)

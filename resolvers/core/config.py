@@ -66,6 +66,7 @@ class Settings(BaseSettings):
     capsule_retention_days: int = 365
     transcribe_bucket: str | None = None
     transcriber: str | None = None
+    keep_original_metadata: bool = False
 
     @classmethod
     def settings_customise_sources(

@@ -4,8 +4,10 @@ states, one conditional write per move, and the archive sweep.
 Video and audio keep the seed's machine, PROCESSING -> TRANSCODING ->
 TRANSCRIBING -> READY (TRANSCRIBING is passed through when no transcriber is
 configured or the file has no sound). A photo goes PROCESSING -> TRANSCODING ->
-READY: its JPEG derivatives are made, and there is nothing to transcribe. A
-note goes PROCESSING -> READY. Any step may end in FAILED.
+READY: in TRANSCODING its stored original loses its location metadata (unless
+the settings keep it), its capture time is read and its JPEG derivatives are
+made; there is nothing to transcribe. A note goes PROCESSING -> READY. Any step
+may end in FAILED.
 
 Work arrives on a bounded queue, so a request never waits for media. Content
 left mid-pipeline (a crash, a restart, a full queue) is found again through the
@@ -65,6 +67,7 @@ class Outputs:
     thumbnail_key: str | None
     has_audio: bool
     media_format: str | None
+    captured_at: str | None = None
 
 
 class Pipeline:
@@ -84,6 +87,7 @@ class Pipeline:
         self.clock = clock
         self.workers = settings.pipeline_workers
         self.transcriber = transcriber
+        self.keep_original_metadata = settings.keep_original_metadata
         self.queue: asyncio.Queue[str] = asyncio.Queue(QUEUE_SIZE)
         self._tasks: list[asyncio.Task[None]] = []
         self._queued: set[str] = set()
@@ -247,6 +251,8 @@ class Pipeline:
                 "hasAudio": outputs.has_audio,
                 "mediaFormat": outputs.media_format,
             }
+            if outputs.captured_at is not None:
+                made["capturedAt"] = outputs.captured_at
             if content.type not in TRANSCRIBED:
                 # A photo's derivatives are real work; there is nothing to transcribe.
                 await self._ready(content, **made)
@@ -278,11 +284,18 @@ class Pipeline:
         if content.type == ContentType.TEXT:
             return Outputs(original_key(content), None, False, None)
         if content.type == ContentType.PHOTO:
+            # The stored original loses its location before anything is READY (downloads
+            # and exports read it); a resumed walk finds it clean and leaves it.
+            clean = None if self.keep_original_metadata else workdir / "original-clean"
+            original = await media.photo_original(source, clean)
+            if original.stripped and clean is not None:
+                await self.blobs.put_file(original_key(content), clean, content.mime_type)
+                source = clean
             photo, thumb = workdir / "media.jpg", workdir / "thumb.jpg"
             await media.transcode_photo(source, photo, thumb)
             await self.blobs.put_file(f"{base}/media.jpg", photo, "image/jpeg")
             await self.blobs.put_file(f"{base}/thumb.jpg", thumb, "image/jpeg")
-            return Outputs(f"{base}/media.jpg", f"{base}/thumb.jpg", False, None)
+            return Outputs(f"{base}/media.jpg", f"{base}/thumb.jpg", False, None, original.captured_at)
         probed = await media.probe(source)
         if content.type == ContentType.VIDEO:
             video, thumb = workdir / "media.mp4", workdir / "thumb.jpg"

@@ -12,7 +12,7 @@ import pytest
 
 from resolvers.adapters.media import probe
 from tests import media_factory
-from tests.api.conftest import Api
+from tests.api.conftest import Api, running_api
 from tests.factories import (
     COMPLETE,
     family_with_members,
@@ -102,6 +102,82 @@ async def test_each_type_walks_to_ready_with_real_outputs(
 
             with Image.open(thumb) as image:
                 assert image.format == "JPEG" and image.size == (320, 240)
+
+
+PHOTO = "query($id: ID!) { content(id: $id) { status failureReason capturedAt mediaUrl thumbnailUrl } }"
+FEED_CAPTURED = "query($id: ID!) { family(id: $id) { feed(first: 5) { edges { node { id capturedAt } } } } }"
+
+
+def _is_red(pixel: Any) -> bool:
+    r, g, b = pixel[:3]
+    return bool(r > 180 and g < 90 and b < 90)
+
+
+def _has_gps(image: Any) -> bool:
+    exif = image.getexif()
+    return 0x8825 in exif or bool(exif.get_ifd(0x8825))
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["stripped", "kept"])
+@pytest.mark.parametrize(
+    ("engine", "blobs"), [("sqlite", "local"), ("dynamodb", "s3")], ids=["sqlite-files", "dynamodb-s3"]
+)
+async def test_iphone_photos_are_upright_dated_and_without_location(
+    request: pytest.FixtureRequest, tmp_path: Path, engine: str, blobs: str, keep: bool
+) -> None:
+    """A HEIC and a JPEG with a GPS block, orientation 6 and a capture time: READY, their
+    derivatives upright and without EXIF, the stored original without GPS (but nothing
+    else lost) unless MIFAMILIAS_KEEP_ORIGINAL_METADATA is on, capturedAt from EXIF."""
+    import pillow_heif
+    from PIL import Image
+
+    pillow_heif.register_heif_opener()
+    sources = [
+        (media_factory.make_photo_with_location(tmp_path, "HEIF"), "image/heic"),
+        (media_factory.make_photo_with_location(tmp_path, "JPEG"), "image/jpeg"),
+    ]
+    async with running_api(engine, blobs, tmp_path, request, keep_original_metadata=keep) as api:
+        family_id = await family_with_members(api, "ana", ["ben"])
+        for path, mime in sources:
+            body = path.read_bytes()
+            with Image.open(path) as source:
+                assert _has_gps(source)  # the upload really carries a location
+                source_format = source.format
+                source_pixels = source.convert("RGB").tobytes()
+            content_id = await upload(api, "ana", family_id, "PHOTO", body, mime)
+            await settle(api)
+            content = (await api.ok(PHOTO, {"id": content_id}, as_="ben"))["content"]
+            assert content["status"] == "READY", content
+            assert content["capturedAt"] == "2024-05-17T14:03:22+02:00"
+
+            for url, size in ((content["mediaUrl"], (300, 400)), (content["thumbnailUrl"], (240, 320))):
+                derived = tmp_path / f"{content_id}-{size[0]}.jpg"
+                derived.write_bytes(await fetch(api, url))
+                with Image.open(derived) as image:
+                    assert image.format == "JPEG" and image.size == size  # portrait: turned upright
+                    assert "exif" not in image.info and not image.getexif() and not _has_gps(image)
+                    w, h = image.size
+                    rgb = image.convert("RGB")
+                    # The marker stored top-left is top-right once turned 90° clockwise.
+                    assert _is_red(rgb.getpixel((w - 6, 6))), rgb.getpixel((w - 6, 6))
+                    assert not _is_red(rgb.getpixel((5, 5))) and not _is_red(rgb.getpixel((w - 6, h - 6)))
+
+            stored = tmp_path / f"{content_id}.original"
+            await api.services.blobs.fetch_to_file(f"content/{content_id}/original", stored)
+            if keep:
+                assert stored.read_bytes() == body
+                continue
+            with Image.open(stored) as original:
+                assert original.format == source_format
+                assert not _has_gps(original)
+                exif = original.getexif()
+                assert exif[0x0110] == "iPhone 15"  # only the location goes
+                assert exif.get_ifd(0x8769)[0x9003] == media_factory.TAKEN
+                assert original.convert("RGB").tobytes() == source_pixels  # not encoded again
+            assert len(stored.read_bytes()) == len(body)
+
+        feed = (await api.ok(FEED_CAPTURED, {"id": family_id}, as_="ben"))["family"]["feed"]["edges"]
+        assert [edge["node"]["capturedAt"] for edge in feed] == ["2024-05-17T14:03:22+02:00"] * 2
 
 
 @pytest.mark.parametrize(

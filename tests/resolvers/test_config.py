@@ -19,9 +19,12 @@ def test_values_are_read_and_typed() -> None:
             "MIFAMILIAS_PORT": "9000",
             "MIFAMILIAS_ALLOWED_ORIGINS": "https://a.example, https://b.example",
             "MIFAMILIAS_REDIS_URL": "",
+            "MIFAMILIAS_KEEP_ORIGINAL_METADATA": "1",
             "OTHER": "ignored",
         }
     )
+    assert settings.keep_original_metadata is True
+    assert Settings.from_env({}).keep_original_metadata is False
     assert settings.port == 9000
     assert settings.allowed_origins == ("https://a.example", "https://b.example")
     assert settings.redis_url is None  # empty is unset

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 from PIL import Image
@@ -306,6 +307,40 @@ async def test_transcode_photo_flattens_transparency(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- iPhone photos
 
+XMP = (
+    b'<?xpacket begin="\xef\xbb\xbf" id="W5M0MpCehiHzreSzNTczkc9d"?>'
+    b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+    b'<rdf:Description rdf:about="" xmlns:exif="http://ns.adobe.com/exif/1.0/"'
+    b' xmlns:photoshop="http://ns.adobe.com/photoshop/1.0/" xmlns:dc="http://purl.org/dc/elements/1.1/"'
+    b' xmlns:hdrgm="http://ns.adobe.com/hdr-gain-map/1.0/"'
+    b' exif:GPSLatitude="40,25.025N" photoshop:City="Madrid" hdrgm:Version="1.0">'
+    b"<exif:GPSLongitude>3,42.2W</exif:GPSLongitude>"
+    b'<dc:title><rdf:Alt><rdf:li xml:lang="x-default">Sol</rdf:li></rdf:Alt></dc:title>'
+    b"</rdf:Description></rdf:RDF></x:xmpmeta>" + b" " * 64 + b'<?xpacket end="w"?>'
+)
+
+
+def _segment(marker: int, payload: bytes) -> bytes:
+    return bytes([0xFF, marker]) + (len(payload) + 2).to_bytes(2, "big") + payload
+
+
+def _iptc(*datasets: tuple[int, bytes]) -> bytes:
+    """A Photoshop APP13 segment holding IPTC record 2 datasets."""
+    iim = b"".join(b"\x1c\x02" + bytes([n]) + len(v).to_bytes(2, "big") + v for n, v in datasets)
+    resource = b"8BIM\x04\x04\x00\x00" + len(iim).to_bytes(4, "big") + iim + b"\x00" * (len(iim) % 2)
+    return _segment(0xED, b"Photoshop 3.0\x00" + resource)
+
+
+def _has_gps(path: Path) -> bool:
+    with Image.open(path) as img:
+        exif = img.getexif()
+        return 0x8825 in exif or bool(exif.get_ifd(0x8825))
+
+
+def _pixels(path: Path) -> bytes:
+    with Image.open(path) as img:
+        return img.convert("RGB").tobytes()
+
 
 async def test_heic_is_read_upright_and_converted_to_jpeg(tmp_path: Path) -> None:
     heic = mf.make_photo_with_location(tmp_path, "HEIF", size=(400, 300))
@@ -318,3 +353,90 @@ async def test_heic_is_read_upright_and_converted_to_jpeg(tmp_path: Path) -> Non
         assert not img.getexif() and "exif" not in img.info and "xmp" not in img.info
         r, g, b = _rgb(img, (294, 5))
         assert r > 180 and g < 90 and b < 90  # the marker stored top-left is top-right
+
+
+async def test_photo_original_strips_exif_gps_xmp_and_iptc_location_losslessly(tmp_path: Path) -> None:
+    extra = _segment(0xE1, b"http://ns.adobe.com/xap/1.0/\x00" + XMP) + _iptc(
+        (90, b"Madrid"), (101, b"Spain"), (120, b"Cumple de la abuela")
+    )
+    src = mf.make_photo_with_location(tmp_path, "JPEG", extra=extra)
+    clean = tmp_path / "clean.jpg"
+    found = await media.photo_original(src, clean)
+    assert found == media.PhotoOriginal("2024-05-17T14:03:22+02:00", stripped=True)
+    data, before = clean.read_bytes(), src.read_bytes()
+    assert len(data) == len(before) and _pixels(clean) == _pixels(src)
+    assert not _has_gps(clean)
+    with Image.open(clean) as img:
+        assert img.getexif()[0x0112] == 6 and img.getexif()[0x010F] == "Apple"
+        xmp = img.info["xmp"]
+    for gone in (b"GPSLatitude", b"GPSLongitude", b"Madrid", b"Spain"):
+        assert gone not in data
+    for kept in (b'hdrgm:Version="1.0"', b"Sol", b"Cumple de la abuela"):
+        assert kept in data
+    ElementTree.fromstring(xmp.split(b"?>", 1)[1].rsplit(b"<?", 1)[0])  # still well-formed XML
+    # Already clean: nothing to write.
+    again = tmp_path / "again.jpg"
+    assert (await media.photo_original(clean, again)).stripped is False
+    assert not again.exists()
+
+
+async def test_photo_original_cleans_every_jpeg_of_the_file_and_drops_what_follows(tmp_path: Path) -> None:
+    """An MPF-style file (a second JPEG after the first, as a gain map) with a trailer."""
+    first = mf.make_photo_with_location(tmp_path, "JPEG", name="first.jpg").read_bytes()
+    second = mf.make_photo_with_location(tmp_path, "JPEG", size=(40, 30), name="second.jpg").read_bytes()
+    src = tmp_path / "multi.jpg"
+    src.write_bytes(first + second + b"ftypmp42 a motion photo's video, GPS and all")
+    clean = tmp_path / "clean.jpg"
+    assert (await media.photo_original(src, clean)).stripped
+    data = clean.read_bytes()
+    assert len(data) == len(first) + len(second)
+    (tmp_path / "second-clean.jpg").write_bytes(data[len(first) :])
+    assert not _has_gps(clean) and not _has_gps(tmp_path / "second-clean.jpg")
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP", "TIFF", "HEIF"])
+async def test_photo_original_strips_gps_from_other_formats(tmp_path: Path, fmt: str) -> None:
+    src = mf.make_photo_with_location(tmp_path, fmt, lossless=True)
+    clean = tmp_path / f"clean.{fmt.lower()}"
+    assert _has_gps(src)
+    found = await media.photo_original(src, clean)
+    assert found.stripped and not _has_gps(clean)
+    assert clean.stat().st_size == src.stat().st_size and _pixels(clean) == _pixels(src)
+
+
+async def test_photo_original_fails_when_a_location_stays(tmp_path: Path) -> None:
+    """EXIF in a PNG text chunk (ImageMagick's old way) is read by Pillow and not by us."""
+    from PIL import PngImagePlugin
+
+    raw = b"Exif\x00\x00" + mf.location_exif().tobytes()
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Raw profile type exif", f"\nexif\n{len(raw)}\n{raw.hex()}\n")
+    src = tmp_path / "raw-profile.png"
+    Image.new("RGB", (20, 10)).save(src, pnginfo=info)
+    assert _has_gps(src)
+    clean = tmp_path / "clean.png"
+    with pytest.raises(MediaError, match=_exactly("the location could not be removed from the photo")):
+        await media.photo_original(src, clean)
+    assert not clean.exists()
+
+
+@pytest.mark.parametrize(
+    ("taken", "offset", "subsec", "expected"),
+    [
+        ("2024:05:17 14:03:22", "+02:00", None, "2024-05-17T14:03:22+02:00"),
+        ("2024:05:17 14:03:22", "-05:30", "25", "2024-05-17T14:03:22.250000-05:30"),
+        ("2024:05:17 14:03:22", None, None, "2024-05-17T14:03:22"),  # the camera's clock, no offset
+        ("2024:05:17 14:03:22", "   :  ", None, "2024-05-17T14:03:22"),
+        ("0000:00:00 00:00:00", "+02:00", None, None),
+        (None, "+02:00", None, None),
+    ],
+)
+async def test_photo_original_reads_the_capture_time(
+    tmp_path: Path, taken: str | None, offset: str | None, subsec: str | None, expected: str | None
+) -> None:
+    exif = mf.location_exif(taken=taken, offset=offset)
+    if subsec is not None:
+        exif.get_ifd(0x8769)[0x9291] = subsec
+    src = mf.make_photo_with_location(tmp_path, "JPEG", exif=exif)
+    kept = await media.photo_original(src, None)  # MIFAMILIAS_KEEP_ORIGINAL_METADATA: nothing written
+    assert kept == media.PhotoOriginal(expected, stripped=False)
