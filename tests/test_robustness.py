@@ -202,8 +202,11 @@ async def _status(server: ServerProcess, content_id: str) -> str:
     return str(body["data"]["content"]["status"])
 
 
-async def _killed_mid_transcode(engine: dict[str, str], tmp_path: Path) -> str:
-    """A server process SIGKILLed while it transcodes a video: the content's id."""
+async def _killed_mid_transcode(
+    engine: dict[str, str], tmp_path: Path, before_the_kill: ServerProcess | None = None
+) -> str:
+    """A server process SIGKILLed while it transcodes a video: the content's id.
+    `before_the_kill` starts once the transcode runs, while the lease is held."""
     video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
     first = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="first").start()
     try:
@@ -215,6 +218,9 @@ async def _killed_mid_transcode(engine: dict[str, str], tmp_path: Path) -> str:
             return status == "TRANSCODING"
 
         await until(transcoding, "the transcode to start")
+        if before_the_kill is not None:
+            before_the_kill.start()
+            assert await _status(first, content_id) == "TRANSCODING"  # still held by the first
         first.kill()
     finally:
         first.stop()
@@ -242,12 +248,14 @@ async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
 async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
     engine: dict[str, str], tmp_path: Path
 ) -> None:
-    content_id = await _killed_mid_transcode(engine, tmp_path)
-    # A successor that does not sweep: only the author's retry can move the content.
+    # A successor that does not sweep: only the author's retry can move the content. It
+    # starts while the first still holds the lease, so that its one pass at start-up,
+    # however late it runs, finds the content held.
     second = ServerProcess(
         tmp_path / "data", _pipeline_env(engine, MIFAMILIAS_PIPELINE_RECOVERY_SECONDS="3600"), name="second"
-    ).start()
+    )
     try:
+        content_id = await _killed_mid_transcode(engine, tmp_path, before_the_kill=second)
         retry = "mutation($id: ID!) { retryContent(contentId: $id) { status } }"
         refused = await _gql(second, retry, {"id": content_id})
         # While the dead worker's lease runs, the content counts as being processed.
