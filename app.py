@@ -3,6 +3,8 @@
 python app.py [serve]            start the server (embedded store by default)
 python app.py token USER_ID      print a development token
 python app.py create-table       create the DynamoDB table (safe to run twice)
+python app.py trusted-documents check PATH
+                                 check a trusted-documents manifest against the schema
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -95,7 +98,12 @@ def create_app(
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    graphql = MiFamiliasGraphQL(services, max_body_bytes=settings.max_body_bytes)
+    graphql = MiFamiliasGraphQL(
+        services,
+        max_body_bytes=settings.max_body_bytes,
+        # GraphiQL needs introspection: off with it (trusted documents, unless allowed).
+        graphql_ide="graphiql" if settings.introspection_allowed else None,
+    )
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/graphql", graphql, methods=["GET", "POST"]),
@@ -168,6 +176,28 @@ async def _create_table(settings: Settings) -> bool:
         return await create_table(client, settings.table_name)
 
 
+def _check_trusted_documents(settings: Settings, path: Path) -> int:
+    """0 when every document of the manifest can run here; 1 naming those that
+    cannot; 2 when the manifest itself cannot be read."""
+    from resolvers.core.persisted import ManifestError, load_manifest
+    from schema.persisted import check_manifest
+
+    try:
+        entries = load_manifest(path)
+    except ManifestError as error:
+        print(error, file=sys.stderr)
+        return 2
+    bad = check_manifest(entries, settings.max_query_cost)
+    for label, problems in bad.items():
+        for problem in problems:
+            print(f"{label}: {problem}", file=sys.stderr)
+    if bad:
+        print(f"{path}: {len(bad)} of {len(entries)} documents cannot run here", file=sys.stderr)
+        return 1
+    print(f"{path}: all {len(entries)} documents are valid against the schema")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python app.py", description="MiFamilias API server")
     commands = parser.add_subparsers(dest="command")
@@ -180,6 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     token.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
     commands.add_parser("create-table", help="create the DynamoDB table with both GSIs (safe to run twice)")
     commands.add_parser("export-schema", help="write the schema's SDL to schema.graphql")
+    trusted = commands.add_parser(
+        "trusted-documents", help="trusted documents (MIFAMILIAS_TRUSTED_DOCUMENTS)"
+    )
+    trusted_commands = trusted.add_subparsers(dest="trusted_command", required=True)
+    check = trusted_commands.add_parser(
+        "check", help="validate every document of an Apollo or Relay manifest against the schema"
+    )
+    check.add_argument("path", type=Path)
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env()
@@ -190,9 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         _serve(settings)
     elif args.command == "token":
         _token(settings, args)
+    elif args.command == "trusted-documents":
+        return _check_trusted_documents(settings, args.path)
     elif args.command == "export-schema":
-        from pathlib import Path
-
         from schema import schema
 
         target = Path(__file__).resolve().parent / "schema.graphql"

@@ -17,6 +17,7 @@ from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
 from resolvers.core.context import Services, utc_now
 from resolvers.core.cursors import CursorSigner
+from resolvers.core.persisted import ManifestError, PersistedDocuments, TrustedDocuments, load_manifest
 from resolvers.core.ratelimit import RateLimiter, parse_limits
 from resolvers.domain import capsules
 from resolvers.processes.live import EventReads
@@ -96,6 +97,17 @@ def _check_trusted_proxies(settings: Settings) -> None:
             raise ValueError(f"MIFAMILIAS_TRUSTED_PROXIES: {entry!r} is not an address or network") from error
 
 
+def _trusted_documents(settings: Settings) -> TrustedDocuments | None:
+    if settings.trusted_documents is None:
+        return None
+    try:
+        trusted = TrustedDocuments(load_manifest(settings.trusted_documents))
+    except ManifestError as error:
+        raise ValueError(f"MIFAMILIAS_TRUSTED_DOCUMENTS: {error}") from None
+    log.info("trusted documents: %d from %s; nothing else runs", len(trusted), settings.trusted_documents)
+    return trusted
+
+
 async def compose(
     settings: Settings,
     table: Table,
@@ -108,6 +120,7 @@ async def compose(
     """Every service of one process, built once and typed. Nothing runs yet:
     `start_background` starts the pipeline's workers and the periodic jobs."""
     _check_trusted_proxies(settings)
+    trusted = _trusted_documents(settings)
     if broker is None:
         broker = RedisBroker(settings.redis_url) if settings.redis_url else InProcessBroker()
         stack.push_async_callback(broker.close)
@@ -128,6 +141,7 @@ async def compose(
         pipeline=pipeline,
         scheduler=UnlockScheduler(table=table, broker=broker, settings=settings, clock=clock),
         event_reads=EventReads(),
+        persisted=PersistedDocuments(table, clock, trusted=trusted),
         transcriber=transcriber,
         clock=clock,
     )

@@ -24,6 +24,7 @@ from schema.cost import QueryCost
 from schema.errors import CodedParserCache, ContractErrors
 from schema.guard import ReadGuard, SignedIn
 from schema.mutation import Mutation
+from schema.persisted import IntrospectionGate, RegisterPersisted
 from schema.query import Query
 from schema.subscription import Subscription
 
@@ -88,8 +89,11 @@ def build_schema() -> strawberry.Schema:
         extensions=[
             ContractErrors,
             FreshLoaders,
+            IntrospectionGate,
             SignedIn,
             QueryCost,
+            # After every check that can refuse the operation before it runs.
+            RegisterPersisted,
             ReadGuard,
             # Instances are accepted at run time; the annotation only names classes.
             QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]

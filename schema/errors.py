@@ -35,6 +35,9 @@ CODES = {
     "CONFLICT",
     "RATE_LIMITED",
     "INTERNAL_SERVER_ERROR",
+    # Persisted operations (issue 14): Apollo's codes, beside the contract's.
+    "PERSISTED_QUERY_NOT_FOUND",
+    "PERSISTED_QUERY_NOT_IN_LIST",
 }
 
 

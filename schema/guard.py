@@ -16,14 +16,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from graphql import ExecutionResult as GraphQLExecutionResult
 from graphql import (
+    DocumentNode,
     FieldNode,
+    FragmentDefinitionNode,
     FragmentSpreadNode,
     GraphQLError,
     InlineFragmentNode,
     SelectionSetNode,
 )
+from graphql import ExecutionResult as GraphQLExecutionResult
 from graphql.utilities import get_operation_ast
 from strawberry.extensions import SchemaExtension
 from strawberry.types.graphql import OperationType
@@ -54,10 +56,16 @@ def is_introspection(execution_context: Any) -> bool:
     document = execution_context.graphql_document
     if document is None:
         return False
-    operation = get_operation_ast(document, execution_context.operation_name)
+    return document_is_introspection(document, execution_context.operation_name)
+
+
+def document_is_introspection(document: DocumentNode, operation_name: str | None) -> bool:
+    """Whether the operation named (or the only one) is a query of `__schema`,
+    `__type` and `__typename` alone."""
+    operation = get_operation_ast(document, operation_name)
     if operation is None or operation.operation.value != "query":
         return False
-    fragments = {d.name.value: d for d in document.definitions if hasattr(d, "type_condition")}
+    fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
     return _only_introspection(operation.selection_set, fragments)
 
 

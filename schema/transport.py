@@ -8,11 +8,17 @@ our refusals and our limits.
   an unsupported content type. No refusal is a plain-text page or a 500.
 - On both WebSocket protocols, a frame that is not a well-formed message closes
   the socket with 4400, and the connection closes when its token expires.
+- Persisted operations (`resolvers/core/persisted.py`): a request's
+  `extensions.persistedQuery` is turned into the document it names before
+  anything else sees it, over POST, GET and both WebSocket protocols; a
+  refusal is a GraphQL error with its code (PERSISTED_QUERY_NOT_FOUND with
+  HTTP 200, as Apollo answers it, so clients send the query again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,11 +33,13 @@ from starlette.types import Message, Receive, Scope, Send
 from starlette.websockets import WebSocket
 from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
+from strawberry.http import GraphQLRequestData
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 
 from resolvers.core.context import Context, Services
+from resolvers.core.errors import ApiError, PersistedQueryNotFound
 
 log = logging.getLogger("mifamilias.transport")
 
@@ -47,6 +55,57 @@ def error_body(message: str, code: str = "BAD_USER_INPUT", **extensions: Any) ->
 
 class BodyTooLarge(Exception):
     pass
+
+
+class Refused(Exception):
+    """An operation answered with `error` before it runs."""
+
+    def __init__(self, error: ApiError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+    @property
+    def status_code(self) -> int:
+        if isinstance(self.error, PersistedQueryNotFound):
+            return 200  # as Apollo answers it: its clients then send the query
+        return 500 if self.error.code == "INTERNAL_SERVER_ERROR" else 400
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.error.message, self.error.code, **self.error.extensions)
+
+
+def _hash_sent(extensions: object) -> bool:
+    return isinstance(extensions, dict) and extensions.get("persistedQuery") is not None
+
+
+async def persisted_query(
+    context: Context, query: str | None, extensions: object, operation_name: str | None
+) -> str:
+    """The document an operation runs: its `query`, or the persisted document
+    its `extensions.persistedQuery` names (ApiError when there is none, or the
+    trusted documents do not list it). A document sent with its hash is stored
+    once its operation has passed every check (schema.persisted.RegisterPersisted)."""
+    persisted = context.services.persisted
+    if persisted.trusted is None and query and not _hash_sent(extensions):
+        return query  # the common case: no hashing, no lookup
+    settings = context.services.settings
+
+    def unlisted_allowed(text: str) -> bool:
+        from schema.persisted import introspection_only
+
+        return settings.introspection_allowed and introspection_only(text, operation_name)
+
+    try:
+        resolved = await persisted.resolve(query, extensions, unlisted_allowed)
+    except ApiError:
+        raise
+    except Exception as error:  # the store is down: a clean answer, and the details in the log
+        request_id = context.request_id
+        log.exception("could not look up a persisted query (request %s)", request_id)
+        raise ApiError(f"Internal server error (request id {request_id})", requestId=request_id) from error
+    if resolved.register is not None:
+        context.register_later(resolved.query, resolved.register)
+    return resolved.query
 
 
 def limited(receive: Receive, limit: int) -> Receive:
@@ -85,7 +144,11 @@ def _well_formed(message: object) -> bool:
         return (
             isinstance(message.get("id"), str)
             and isinstance(payload, dict)
-            and isinstance(payload.get("query"), str)
+            # A persisted query may come as its hash alone.
+            and (
+                isinstance(payload.get("query"), str)
+                or (payload.get("query") is None and _hash_sent(payload.get("extensions")))
+            )
             and isinstance(payload.get("variables"), dict | None)
             and isinstance(payload.get("operationName"), str | None)
             and isinstance(payload.get("extensions"), dict | None)
@@ -107,6 +170,27 @@ class _Guarded:
 
     async def _expire(self) -> None:
         raise NotImplementedError
+
+    async def _refuse(self, operation_id: str, error: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def _persisted(self, message: Any) -> Any | None:
+        """The subscribe (or start) message with the document it names in
+        `payload.query`; None when it was refused (the refusal is sent)."""
+        if not self.connection_acknowledged:
+            return message  # the protocol's handler closes with 4401
+        payload = message["payload"]
+        try:
+            query = await persisted_query(
+                self.context, payload.get("query"), payload.get("extensions"), payload.get("operationName")
+            )
+        except ApiError as error:
+            extensions = {"code": error.code, **error.extensions}
+            await self._refuse(message["id"], {"message": error.message, "extensions": extensions})
+            return None
+        if query == payload.get("query"):
+            return message
+        return {**message, "payload": {**payload, "query": query}}
 
     # Both protocols' handlers name these two hooks alike; `super()` reaches the
     # protocol's own handler, which comes after this class in the MRO.
@@ -139,8 +223,12 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
     async def _expire(self) -> None:
         await self.websocket.close(code=4403, reason="token expired")
 
+    async def _refuse(self, operation_id: str, error: dict[str, Any]) -> None:
+        message: Any = {"id": operation_id, "type": "error", "payload": [error]}
+        await self.send_message(message)
+
     async def handle_subscribe(self, message: Any) -> None:
-        if not await self._expired():
+        if not await self._expired() and (message := await self._persisted(message)) is not None:
             await super().handle_subscribe(message)
 
     async def shutdown(self) -> None:
@@ -156,8 +244,12 @@ class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
         await self.send_message({"type": "connection_error", "payload": {"message": "token expired"}})
         await self.websocket.close(code=4403, reason="token expired")
 
+    async def _refuse(self, operation_id: str, error: dict[str, Any]) -> None:
+        message: Any = {"type": "error", "id": operation_id, "payload": error}
+        await self.send_message(message)
+
     async def handle_start(self, message: Any) -> None:
-        if not await self._expired():
+        if not await self._expired() and (message := await self._persisted(message)) is not None:
             await super().handle_start(message)
 
     async def cleanup(self) -> None:
@@ -225,6 +317,8 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
             response: Response = await self.run(Request(scope, receive=limited(receive, limit)))
         except BodyTooLarge:
             return too_large
+        except Refused as refusal:
+            return JSONResponse(refusal.body(), status_code=refusal.status_code)
         except HTTPException as error:
             return JSONResponse(error_body(error.reason), status_code=error.status_code)
         return response
@@ -240,7 +334,7 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
                     400, 'the request body must be a JSON object such as {"query": "{ me { id } }"}'
                 )
         data = await super().parse_http_body(request)
-        if not isinstance(data, list) and not data.query:
+        if not isinstance(data, list) and not data.query and not _hash_sent(data.extensions):
             raise HTTPException(400, "no GraphQL query in the request: send a 'query'")
         return data
 
@@ -253,11 +347,27 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         root_value: Any,
         sub_response: Any,
     ) -> Any:
+        if isinstance(request_data, list):  # (batches are off; were they on, each would be checked)
+            request_data = [await self._persisted(context, data) for data in request_data]
+        else:
+            request_data = await self._persisted(context, request_data)
         if getattr(request_data, "protocol", None) == "http" and _is_subscription(request_data):
             raise HTTPException(400, SUBSCRIBE_OVER_HTTP)
         return await super().execute_operation(
             request, request_adapter, request_data, context, root_value, sub_response
         )
+
+    @staticmethod
+    async def _persisted(context: Context, request_data: GraphQLRequestData) -> GraphQLRequestData:
+        try:
+            query = await persisted_query(
+                context, request_data.query, request_data.extensions, request_data.operation_name
+            )
+        except ApiError as error:
+            raise Refused(error) from None
+        if query == request_data.query:
+            return request_data
+        return dataclasses.replace(request_data, query=query)
 
     def encode_json(self, data: object) -> str:
         # orjson is several times faster than json on results; a str keeps
@@ -266,6 +376,10 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
 
     def decode_json(self, data: str | bytes) -> object:
         return orjson.loads(data)
+
+    def should_render_graphql_ide(self, request: Any) -> bool:
+        # A GET holding a persisted query's hash and no query is an operation.
+        return super().should_render_graphql_ide(request) and not request.query_params.get("extensions")
 
     @property
     def graphql_ide_html(self) -> str:

@@ -34,6 +34,7 @@ from store.expressions import cursor_for, decode_cursor
 from store.port import (
     INDEX_KEYS,
     MAX_TRANSACTION_ITEMS,
+    TTL_ATTRIBUTE,
     And,
     Cancellation,
     Check,
@@ -610,8 +611,9 @@ async def open_dynamo_table(
 
 
 async def create_table(client: Any, table_name: str, *, wait_seconds: float = 120.0) -> bool:
-    """Create the table with GSI1 and GSI2 (projection ALL, on demand). True
-    when created, False when it already existed; either way it is ACTIVE on return."""
+    """Create the table with GSI1 and GSI2 (projection ALL, on demand) and TTL on
+    `expiresAt`. True when created, False when it already existed; either way it
+    is ACTIVE, with TTL on, on return."""
     attributes = ["PK", "SK", "GSI1PK", "GSI1SK", "GSI2PK", "GSI2SK"]
     created = True
     try:
@@ -641,7 +643,23 @@ async def create_table(client: Any, table_name: str, *, wait_seconds: float = 12
             raise StoreError(f"cannot create table {table_name}: {error}") from error
         created = False
     await _wait_active(client, table_name, wait_seconds)
+    await _enable_ttl(client, table_name)
     return created
+
+
+async def _enable_ttl(client: Any, table_name: str) -> None:
+    """TTL on TTL_ATTRIBUTE; a table made before it existed gets it here too."""
+    try:
+        described = await client.describe_time_to_live(TableName=table_name)
+        status = described.get("TimeToLiveDescription", {}).get("TimeToLiveStatus")
+        if status in ("ENABLED", "ENABLING"):
+            return
+        await client.update_time_to_live(
+            TableName=table_name,
+            TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},
+        )
+    except ClientError as error:
+        raise StoreError(f"cannot turn on TTL for table {table_name}: {error}") from error
 
 
 async def _wait_active(client: Any, table_name: str, wait_seconds: float) -> None:

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from store import keys
 from store.codec import Record
 from store.enums import CapsuleStatus, ContentStatus
-from store.port import Item, Key, Update, eq
+from store.port import TTL_ATTRIBUTE, Item, Key, Update, eq
 
 
 def iso(moment: datetime) -> str:
@@ -341,3 +341,19 @@ class Tag(Record):
             )
         found["GSI2PK"], found["GSI2SK"] = keys.tag_gsi2(self.author_id, self.normalized, self.content_id)
         return found
+
+
+@dataclass(frozen=True)
+class PersistedDocument(Record):
+    """A document registered by automatic persisted queries; it lives until
+    `expires_at` (Unix seconds, the table's TTL attribute) unless used again."""
+
+    RENAMED: ClassVar[Mapping[str, str]] = {"expires_at": TTL_ATTRIBUTE}
+
+    sha256: str
+    body: str
+    expires_at: int
+
+    @property
+    def key(self) -> Key:
+        return keys.persisted_document(self.sha256)

@@ -240,3 +240,12 @@ def tagset_any(family_id: str, set_name: str) -> Key:
 
 def tagset_user(family_id: str, set_name: str, user_id: str) -> Key:
     return (f"TAGSET#{family_id}#{set_name}", f"USER#{user_id}")
+
+
+# Persisted operations ---------------------------------------------------------
+
+
+def persisted_document(sha256_hex: str) -> Key:
+    """A GraphQL document registered through automatic persisted queries, by
+    the SHA-256 of its text (64 lower-case hex digits, checked by the caller)."""
+    return (f"PERSISTED#{sha256_hex}", "DOC")

@@ -15,6 +15,11 @@ Item: TypeAlias = dict[str, Any]
 Key: TypeAlias = tuple[str, str]
 Index: TypeAlias = Literal["table", "GSI1", "GSI2"]
 
+# An item holding this attribute (a number, Unix seconds) may be deleted by
+# DynamoDB's TTL after that moment, within days; SQLite keeps it. Either way,
+# readers treat it as gone once the moment has passed.
+TTL_ATTRIBUTE = "expiresAt"
+
 INDEX_KEYS: dict[str, tuple[str, str]] = {
     "table": ("PK", "SK"),
     "GSI1": ("GSI1PK", "GSI1SK"),

@@ -67,6 +67,8 @@ class Settings(BaseSettings):
     transcribe_bucket: str | None = None
     transcriber: str | None = None
     keep_original_metadata: bool = False
+    trusted_documents: Path | None = None
+    allow_introspection: bool | None = None
 
     @classmethod
     def settings_customise_sources(
@@ -114,6 +116,14 @@ class Settings(BaseSettings):
 
         found = botocore.session.get_session().get_config_variable("region")
         return str(found) if found else DEFAULT_REGION
+
+    @property
+    def introspection_allowed(self) -> bool:
+        """Introspection (and GraphiQL, which needs it): on unless trusted
+        documents are, or MIFAMILIAS_ALLOW_INTROSPECTION says otherwise."""
+        if self.allow_introspection is not None:
+            return self.allow_introspection
+        return self.trusted_documents is None
 
     @property
     def base_url(self) -> str:

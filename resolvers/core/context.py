@@ -16,6 +16,7 @@ from resolvers.core.config import Settings
 from resolvers.core.cursors import CursorSigner
 from resolvers.core.errors import ApiError, Unauthenticated
 from resolvers.core.loaders import Loaders
+from resolvers.core.persisted import PersistedDocuments
 from resolvers.core.ratelimit import RateLimiter, client_address
 from store import items
 from store.port import ConditionFailed, NotExists, Table
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from store.blobs import BlobStore
 
 T = TypeVar("T")
+
+MAX_DOCUMENTS_TO_REGISTER = 16
 
 
 def utc_now() -> datetime:
@@ -71,6 +74,7 @@ class Services:
     pipeline: Pipeline
     scheduler: UnlockScheduler
     event_reads: EventReads
+    persisted: PersistedDocuments
     transcriber: Transcriber | None = None
     clock: Callable[[], datetime] = utc_now
     known_users: KnownUsers = field(default_factory=KnownUsers)
@@ -94,6 +98,9 @@ class Context:
     _loaders: Loaders | None = field(default=None, init=False, repr=False)
     # The rate-limit window each action's counter was seen in (see RateLimiter.count).
     _rate_windows: dict[str, int | None] = field(default_factory=dict, init=False, repr=False)
+    # Persisted queries sent with their hash, to store once their operation
+    # has passed every check: document -> hash (see `register_later`).
+    documents_to_register: dict[str, str] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def loaders(self) -> Loaders:
@@ -105,6 +112,14 @@ class Context:
     def forget_loaders(self) -> None:
         """A new operation, or a new subscription event, starts with an empty cache."""
         self._loaders = None
+
+    def register_later(self, query: str, sha256: str) -> None:
+        """Remembers a document to store once its operation passes validation,
+        sign-in and the cost limit. A WebSocket keeps its context for many
+        operations: those that never get that far are forgotten, oldest first."""
+        self.documents_to_register[query] = sha256
+        while len(self.documents_to_register) > MAX_DOCUMENTS_TO_REGISTER:
+            del self.documents_to_register[next(iter(self.documents_to_register))]
 
     @property
     def table(self) -> Table:

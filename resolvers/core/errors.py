@@ -37,6 +37,19 @@ class RateLimited(ApiError):
     code = "RATE_LIMITED"
 
 
+class PersistedQueryNotFound(ApiError):
+    """Apollo's automatic persisted queries: a hash this server does not know;
+    the client sends it again with the query."""
+
+    code = "PERSISTED_QUERY_NOT_FOUND"
+
+
+class PersistedQueryNotInList(ApiError):
+    """Trusted documents: an operation that is not in the list."""
+
+    code = "PERSISTED_QUERY_NOT_IN_LIST"
+
+
 def not_found(what: str) -> NotFound:
     # One message for "missing" and "not yours", so an answer leaks nothing.
     return NotFound(f"{what} not found")
