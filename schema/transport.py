@@ -8,6 +8,8 @@ our refusals and our limits.
   an unsupported content type. No refusal is a plain-text page or a 500.
 - On both WebSocket protocols, a frame that is not a well-formed message closes
   the socket with 4400, and the connection closes when its token expires.
+- The view knows its open sockets: when the server shuts down, `going_away`
+  closes them with 1001 "going away", so clients reconnect to another process.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWS
 from resolvers.core.context import Context, Services
 
 log = logging.getLogger("mifamilias.transport")
+
+GOING_AWAY = 1001  # RFC 6455: the server is going down; reconnect elsewhere
 
 SUBSCRIBE_OVER_HTTP = (
     "subscriptions are streamed over a WebSocket: connect to /graphql with the graphql-transport-ws "
@@ -102,8 +106,20 @@ class _Guarded:
 
     context: Context
     websocket: Any
+    view: Any
     connection_acknowledged: bool
     expiry: asyncio.Task[None] | None = None
+
+    async def handle(self) -> None:
+        view: MiFamiliasGraphQL = self.view
+        if view.closing:
+            await self.websocket.close(code=GOING_AWAY, reason="going away")
+            return
+        view.sockets.add(self)
+        try:
+            await super().handle()  # type: ignore[misc]
+        finally:
+            view.sockets.discard(self)
 
     async def _expire(self) -> None:
         raise NotImplementedError
@@ -205,6 +221,22 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         )
         self._services = services_ref
         self.max_body_bytes = max_body_bytes
+        # Open WebSocket connections (their protocol handlers), for `going_away`.
+        self.sockets: set[_Guarded] = set()
+        self.closing = False
+
+    async def going_away(self) -> None:
+        """Closes every open WebSocket with 1001 "going away", and any that
+        opens from now on, so clients reconnect to another process."""
+        self.closing = True
+        sockets = list(self.sockets)
+        results = await asyncio.gather(
+            *(socket.websocket.close(code=GOING_AWAY, reason="going away") for socket in sockets),
+            return_exceptions=True,
+        )
+        closed = sum(1 for result in results if not isinstance(result, BaseException))
+        if sockets:
+            log.info("closed %d of %d WebSocket connections with 1001 going away", closed, len(sockets))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
