@@ -32,6 +32,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from store.expressions import cursor_for, decode_cursor
 from store.port import (
+    EXPIRES_AT,
     INDEX_KEYS,
     MAX_TRANSACTION_ITEMS,
     And,
@@ -610,8 +611,10 @@ async def open_dynamo_table(
 
 
 async def create_table(client: Any, table_name: str, *, wait_seconds: float = 120.0) -> bool:
-    """Create the table with GSI1 and GSI2 (projection ALL, on demand). True
-    when created, False when it already existed; either way it is ACTIVE on return."""
+    """Create the table with GSI1 and GSI2 (projection ALL, on demand) and TTL on
+    `expiresAt`. True when created, False when it already existed; either way it
+    is ACTIVE, with TTL on, on return. deploy/cloudformation.yaml declares the
+    same table (tests/test_deploy.py compares them)."""
     attributes = ["PK", "SK", "GSI1PK", "GSI1SK", "GSI2PK", "GSI2SK"]
     created = True
     try:
@@ -641,7 +644,20 @@ async def create_table(client: Any, table_name: str, *, wait_seconds: float = 12
             raise StoreError(f"cannot create table {table_name}: {error}") from error
         created = False
     await _wait_active(client, table_name, wait_seconds)
+    await _enable_ttl(client, table_name)
     return created
+
+
+async def _enable_ttl(client: Any, table_name: str) -> None:
+    described = await client.describe_time_to_live(TableName=table_name)
+    if described.get("TimeToLiveDescription", {}).get("TimeToLiveStatus") in ("ENABLED", "ENABLING"):
+        return  # turning it on twice is an error
+    try:
+        await client.update_time_to_live(
+            TableName=table_name, TimeToLiveSpecification={"Enabled": True, "AttributeName": EXPIRES_AT}
+        )
+    except ClientError as error:
+        raise StoreError(f"cannot turn on TTL for table {table_name}: {error}") from error
 
 
 async def _wait_active(client: Any, table_name: str, wait_seconds: float) -> None:

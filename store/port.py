@@ -21,6 +21,11 @@ INDEX_KEYS: dict[str, tuple[str, str]] = {
     "GSI2": ("GSI2PK", "GSI2SK"),
 }
 
+# The table's TTL attribute, in epoch seconds: DynamoDB deletes an item some time
+# after it passes (the embedded store keeps it). Only items that mean nothing
+# afterwards carry it: the rate counters.
+EXPIRES_AT = "expiresAt"
+
 CompareOp = Literal["=", "<>", "<", "<=", ">", ">="]
 SortOp = Literal["=", "<", "<=", ">", ">=", "begins_with", "between"]
 
