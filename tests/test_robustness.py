@@ -204,10 +204,11 @@ async def _status(server: ServerProcess, content_id: str) -> str:
     return str(body["data"]["content"]["status"])
 
 
-async def _killed_mid_transcode(engine: dict[str, str], tmp_path: Path) -> str:
+async def _killed_mid_transcode(engine: dict[str, str], tmp_path: Path, lease_seconds: int = 3) -> str:
     """A server process SIGKILLed while it transcodes a video: the content's id."""
     video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
-    first = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="first").start()
+    env = _pipeline_env(engine, MIFAMILIAS_PIPELINE_LEASE_SECONDS=str(lease_seconds))
+    first = ServerProcess(tmp_path / "data", env, name="first").start()
     try:
         content_id = await _start_video(first, video)
 
@@ -244,8 +245,10 @@ async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
 async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
     engine: dict[str, str], tmp_path: Path
 ) -> None:
-    content_id = await _killed_mid_transcode(engine, tmp_path)
-    # A successor that does not sweep: only the author's retry can move the content.
+    # A successor that sweeps once, as it starts, and then not for an hour: the
+    # dead worker's lease outlasts that start even on a busy machine, so only the
+    # author's retry can move the content.
+    content_id = await _killed_mid_transcode(engine, tmp_path, lease_seconds=60)
     second = ServerProcess(
         tmp_path / "data", _pipeline_env(engine, MIFAMILIAS_PIPELINE_RECOVERY_SECONDS="3600"), name="second"
     ).start()
@@ -299,8 +302,9 @@ async def test_a_worker_stopped_mid_transcode_hands_its_lease_back(
             return status == "TRANSCODING"
 
         await until(transcoding, "the transcode to start")
-        # Started now, the second process finds the content claimed by the first.
-        second = ServerProcess(tmp_path / "data", env, name="second").start()
+        # Started now, the second process finds the content claimed by the first
+        # (a start given time: the first keeps both cores busy).
+        second = ServerProcess(tmp_path / "data", env, name="second").start(timeout=120)
         assert first.process is not None
         first.process.send_signal(signal.SIGTERM)
         await _exited(first)
