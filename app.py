@@ -10,11 +10,13 @@ python app.py trusted-documents check PATH
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import logging
+import socket
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -34,16 +36,36 @@ from resolvers.core.context import Services, utc_now
 from resolvers.runtime import compose, start_background
 from schema.graphiql import STATIC_DIR
 from schema.transport import MiFamiliasGraphQL
+from store import keys
 from store.blobs import LocalBlobStore
 from store.port import Table
 
 log = logging.getLogger("mifamilias")
+
+READINESS_TIMEOUT_SECONDS = 2.0
 
 
 @dataclass
 class AppState:
     settings: Settings
     services: Services | None = None
+    stopping: bool = False
+
+
+async def _answers(what: str, probe: Awaitable[object]) -> str:
+    """Whether `what` answers ("ok") or why not: a readiness check, bounded in time. The
+    reason names the kind of failure only; the log has the whole message."""
+    try:
+        await asyncio.wait_for(probe, READINESS_TIMEOUT_SECONDS)
+    except TimeoutError:
+        reason = f"{what} did not answer within {READINESS_TIMEOUT_SECONDS:g} s"
+        log.warning("readiness: %s", reason)
+    except Exception as error:
+        reason = f"{what} did not answer: {type(error).__name__}"
+        log.warning("readiness: %s: %s", reason, error)
+    else:
+        return "ok"
+    return reason
 
 
 async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> Table:
@@ -88,15 +110,36 @@ def create_app(
             # from walking it again on every full collection.
             gc.freeze()
             yield
+            # Done already when `serve` runs (GracefulServer); not when another
+            # server runs the app.
+            await going_away()
         state.services = None
 
+    async def going_away() -> None:
+        """The first steps of a shutdown, before in-flight requests are waited
+        for: /readyz answers 503, open WebSockets close with 1001, and the
+        pipeline stops and hands its leases back. Safe to call twice."""
+        state.stopping = True
+        await graphql.going_away()
+        if state.services is not None:
+            await state.services.pipeline.stop()
+
     async def healthz(request: Request) -> Response:
-        try:
-            await services().table.ping()
-        except Exception:
-            log.exception("health check: the store does not answer")
-            return JSONResponse({"status": "unavailable"}, status_code=503)
+        # Liveness: the process answers. What it depends on is /readyz's to say,
+        # so that an outage of the store does not get every process restarted.
         return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        if state.stopping:
+            return JSONResponse({"status": "unavailable", "server": "shutting down"}, status_code=503)
+        running = services()
+        store, broker = await asyncio.gather(
+            _answers("the table", running.table.get(keys.readiness_probe())),
+            _answers("Redis" if settings.redis_url else "the broker", running.broker.ping()),
+        )
+        if store == broker == "ok":
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "unavailable", "store": store, "broker": broker}, status_code=503)
 
     graphql = MiFamiliasGraphQL(
         services,
@@ -106,6 +149,7 @@ def create_app(
     )
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
+        Route("/readyz", readyz),
         Route("/graphql", graphql, methods=["GET", "POST"]),
         WebSocketRoute("/graphql", graphql),
         Mount("/static/graphiql", app=StaticFiles(directory=STATIC_DIR), name="graphiql-static"),
@@ -126,7 +170,9 @@ def create_app(
                 allow_headers=["authorization", "content-type"],
             )
         )
-    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.going_away = going_away
+    return app
 
 
 # Command line -------------------------------------------------------------------
@@ -135,15 +181,43 @@ def create_app(
 def _serve(settings: Settings) -> None:
     import uvicorn
 
+    class GracefulServer(uvicorn.Server):
+        """uvicorn's server, with the app's first steps of a shutdown. On SIGTERM
+        uvicorn stops accepting, closes open WebSockets itself with 1012, waits
+        for requests up to `timeout_graceful_shutdown`, and only then runs the
+        lifespan's shutdown, too late for a close of our own. So the app's steps
+        (`going_away`: WebSockets closed with 1001, leases handed back) run here,
+        between the listening sockets closing and uvicorn's wait, and one deadline,
+        MIFAMILIAS_SHUTDOWN_SECONDS, covers both."""
+
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            log.info("shutting down: WebSockets close, pipeline leases go back, then requests drain")
+            for server in self.servers:
+                server.close()  # stop accepting first; uvicorn's own close repeats it harmlessly
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + settings.shutdown_seconds
+            try:
+                await asyncio.wait_for(going_away(), settings.shutdown_seconds)
+            except TimeoutError:
+                log.error("shutdown: closing sockets and handing back leases took too long")
+            # uvicorn reads the timeout when it starts waiting: what is left of ours
+            # (whole seconds, as uvicorn types it).
+            self.config.timeout_graceful_shutdown = max(0, int(deadline - loop.time()))
+            await super().shutdown(sockets)
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    going_away: Callable[[], Awaitable[None]] = app.state.going_away
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         ws_per_message_deflate=False,
         # A WebSocket frame is bounded like a request body.
         ws_max_size=settings.max_body_bytes,
+        timeout_graceful_shutdown=int(settings.shutdown_seconds),  # replaced at shutdown, see above
     )
+    GracefulServer(config).run()
 
 
 def _token(settings: Settings, args: argparse.Namespace) -> None:

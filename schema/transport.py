@@ -13,6 +13,8 @@ our refusals and our limits.
   anything else sees it, over POST, GET and both WebSocket protocols; a
   refusal is a GraphQL error with its code (PERSISTED_QUERY_NOT_FOUND with
   HTTP 200, as Apollo answers it, so clients send the query again).
+- The view knows its open sockets: when the server shuts down, `going_away`
+  closes them with 1001 "going away", so clients reconnect to another process.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from resolvers.core.context import Context, Services
 from resolvers.core.errors import ApiError, PersistedQueryNotFound
 
 log = logging.getLogger("mifamilias.transport")
+
+GOING_AWAY = 1001  # RFC 6455: the server is going down; reconnect elsewhere
 
 SUBSCRIBE_OVER_HTTP = (
     "subscriptions are streamed over a WebSocket: connect to /graphql with the graphql-transport-ws "
@@ -165,8 +169,20 @@ class _Guarded:
 
     context: Context
     websocket: Any
+    view: Any
     connection_acknowledged: bool
     expiry: asyncio.Task[None] | None = None
+
+    async def handle(self) -> None:
+        view: MiFamiliasGraphQL = self.view
+        if view.closing:
+            await self.websocket.close(code=GOING_AWAY, reason="going away")
+            return
+        view.sockets.add(self)
+        try:
+            await super().handle()  # type: ignore[misc]
+        finally:
+            view.sockets.discard(self)
 
     async def _expire(self) -> None:
         raise NotImplementedError
@@ -297,6 +313,22 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         )
         self._services = services_ref
         self.max_body_bytes = max_body_bytes
+        # Open WebSocket connections (their protocol handlers), for `going_away`.
+        self.sockets: set[_Guarded] = set()
+        self.closing = False
+
+    async def going_away(self) -> None:
+        """Closes every open WebSocket with 1001 "going away", and any that
+        opens from now on, so clients reconnect to another process."""
+        self.closing = True
+        sockets = list(self.sockets)
+        results = await asyncio.gather(
+            *(socket.websocket.close(code=GOING_AWAY, reason="going away") for socket in sockets),
+            return_exceptions=True,
+        )
+        closed = sum(1 for result in results if not isinstance(result, BaseException))
+        if sockets:
+            log.info("closed %d of %d WebSocket connections with 1001 going away", closed, len(sockets))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -613,7 +613,8 @@ async def open_dynamo_table(
 async def create_table(client: Any, table_name: str, *, wait_seconds: float = 120.0) -> bool:
     """Create the table with GSI1 and GSI2 (projection ALL, on demand) and TTL on
     `expiresAt`. True when created, False when it already existed; either way it
-    is ACTIVE, with TTL on, on return."""
+    is ACTIVE, with TTL on, on return. deploy/cloudformation.yaml declares the
+    same table (tests/test_deploy.py compares them)."""
     attributes = ["PK", "SK", "GSI1PK", "GSI1SK", "GSI2PK", "GSI2SK"]
     created = True
     try:
@@ -653,7 +654,7 @@ async def _enable_ttl(client: Any, table_name: str) -> None:
         described = await client.describe_time_to_live(TableName=table_name)
         status = described.get("TimeToLiveDescription", {}).get("TimeToLiveStatus")
         if status in ("ENABLED", "ENABLING"):
-            return
+            return  # turning it on twice is an error
         await client.update_time_to_live(
             TableName=table_name,
             TimeToLiveSpecification={"Enabled": True, "AttributeName": TTL_ATTRIBUTE},

@@ -193,6 +193,11 @@ def unlock_checkpoint() -> Key:
     return ("SCHEDULER", "UNLOCK_CHECKPOINT")
 
 
+def readiness_probe() -> Key:
+    """Read by /readyz: an item that never exists, so the read is the cheapest there is."""
+    return ("PROBE", "READINESS")
+
+
 # Notifications ----------------------------------------------------------------
 
 

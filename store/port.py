@@ -17,7 +17,8 @@ Index: TypeAlias = Literal["table", "GSI1", "GSI2"]
 
 # An item holding this attribute (a number, Unix seconds) may be deleted by
 # DynamoDB's TTL after that moment, within days; SQLite keeps it. Either way,
-# readers treat it as gone once the moment has passed.
+# readers treat it as gone once the moment has passed. Only items that mean
+# nothing afterwards carry it: persisted documents and rate counters.
 TTL_ATTRIBUTE = "expiresAt"
 
 INDEX_KEYS: dict[str, tuple[str, str]] = {

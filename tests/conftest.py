@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.servers import SECRET, ServerProcess, running_moto_server
+from tests.servers import SECRET, RedisProcess, ServerProcess, redis_answers, running_moto_server
 
 AWS_REGION = "us-east-1"
 
@@ -27,12 +24,6 @@ def aws_env() -> Iterator[None]:
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
             patch.delenv(name, raising=False)
         yield
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -55,55 +46,17 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
         server.stop()
 
 
-def _redis_answers(url: str) -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
-    except redis.RedisError:
-        return False
-
-
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real Redis: the configured one when it answers, else one started here."""
     import os
-    import shutil
 
     configured = os.environ.get("MIFAMILIAS_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    if _redis_answers(configured):
+    if redis_answers(configured):
         yield configured
         return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("no Redis answers and redis-server is not installed (./dev test installs it)")
-    port = _free_port()
-    folder = tmp_path_factory.mktemp("redis")
-    process = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(folder),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
+    redis = RedisProcess(tmp_path_factory.mktemp("redis")).start()
     try:
-        deadline = time.monotonic() + 10
-        while not _redis_answers(url):
-            if time.monotonic() > deadline or process.poll() is not None:
-                pytest.fail("redis-server did not start")
-            time.sleep(0.05)
-        yield url
+        yield redis.url
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        redis.stop()

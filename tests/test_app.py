@@ -42,6 +42,11 @@ class FailingTable:
             raise RuntimeError("disk on fire at /var/lib/secret-path")
         return await self.inner.batch_get(keys)
 
+    async def get(self, key: Key) -> Any:
+        if self.broken:
+            raise RuntimeError("disk on fire at /var/lib/secret-path")
+        return await self.inner.get(key)
+
     async def ping(self) -> None:
         if self.broken:
             raise RuntimeError("store down")
@@ -63,8 +68,35 @@ async def test_queries_over_get_and_health(client: tuple[httpx.AsyncClient, Fail
     response = await http.get("/graphql", params={"query": "{ me { id } }"})
     assert response.json() == {"data": {"me": {"id": "ana"}}}
     assert (await http.get("/healthz")).json() == {"status": "ok"}
+    ready = await http.get("/readyz")
+    assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
     table.broken = True
-    assert (await http.get("/healthz")).status_code == 503
+    # Liveness is the process's own: a store outage must not get it restarted.
+    assert (await http.get("/healthz")).json() == {"status": "ok"}
+    ready = await http.get("/readyz")
+    assert ready.status_code == 503
+    # What is down, by the kind of failure; the message (a path here) stays in the log.
+    assert ready.json() == {
+        "status": "unavailable",
+        "store": "the table did not answer: RuntimeError",
+        "broker": "ok",
+    }
+    table.broken = False
+    assert (await http.get("/readyz")).status_code == 200
+
+
+async def test_readiness_ends_when_the_shutdown_begins(tmp_path: Path) -> None:
+    app = create_app(
+        Settings(data_dir=tmp_path, auth_secret=SECRET), table=SqliteTable(tmp_path / "t.sqlite3")
+    )
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            assert (await http.get("/readyz")).status_code == 200
+            await app.state.going_away()
+            ready = await http.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json() == {"status": "unavailable", "server": "shutting down"}
+            assert (await http.get("/healthz")).status_code == 200
 
 
 async def test_limits_on_depth_and_aliases(client: tuple[httpx.AsyncClient, FailingTable]) -> None:

@@ -1,11 +1,13 @@
 """No single request stalls the server: clean refusals over real HTTP and real
-WebSockets, limits that hold before anything runs, and a pipeline that
-survives a SIGKILL mid-transcode."""
+WebSockets, limits that hold before anything runs, a pipeline that survives a
+SIGKILL mid-transcode, readiness that follows Redis, and a SIGTERM that closes
+sockets with 1001, lets a request finish and hands pipeline leases back."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -17,7 +19,7 @@ import websockets
 
 from resolvers.core.auth import mint_token
 from tests import media_factory
-from tests.servers import SECRET, ServerProcess, engine_env
+from tests.servers import SECRET, RedisProcess, ServerProcess, engine_env
 
 ANA = mint_token(SECRET, "ana", given_name="Ana")
 
@@ -202,13 +204,11 @@ async def _status(server: ServerProcess, content_id: str) -> str:
     return str(body["data"]["content"]["status"])
 
 
-async def _killed_mid_transcode(
-    engine: dict[str, str], tmp_path: Path, before_the_kill: ServerProcess | None = None
-) -> str:
-    """A server process SIGKILLed while it transcodes a video: the content's id.
-    `before_the_kill` starts once the transcode runs, while the lease is held."""
+async def _killed_mid_transcode(engine: dict[str, str], tmp_path: Path, lease_seconds: int = 3) -> str:
+    """A server process SIGKILLed while it transcodes a video: the content's id."""
     video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
-    first = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="first").start()
+    env = _pipeline_env(engine, MIFAMILIAS_PIPELINE_LEASE_SECONDS=str(lease_seconds))
+    first = ServerProcess(tmp_path / "data", env, name="first").start()
     try:
         content_id = await _start_video(first, video)
 
@@ -218,9 +218,6 @@ async def _killed_mid_transcode(
             return status == "TRANSCODING"
 
         await until(transcoding, "the transcode to start")
-        if before_the_kill is not None:
-            before_the_kill.start()
-            assert await _status(first, content_id) == "TRANSCODING"  # still held by the first
         first.kill()
     finally:
         first.stop()
@@ -248,14 +245,14 @@ async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
 async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
     engine: dict[str, str], tmp_path: Path
 ) -> None:
-    # A successor that does not sweep: only the author's retry can move the content. It
-    # starts while the first still holds the lease, so that its one pass at start-up,
-    # however late it runs, finds the content held.
+    # A successor that sweeps once, as it starts, and then not for an hour: the
+    # dead worker's lease outlasts that start even on a busy machine, so only the
+    # author's retry can move the content.
+    content_id = await _killed_mid_transcode(engine, tmp_path, lease_seconds=60)
     second = ServerProcess(
         tmp_path / "data", _pipeline_env(engine, MIFAMILIAS_PIPELINE_RECOVERY_SECONDS="3600"), name="second"
-    )
+    ).start()
     try:
-        content_id = await _killed_mid_transcode(engine, tmp_path, before_the_kill=second)
         retry = "mutation($id: ID!) { retryContent(contentId: $id) { status } }"
         refused = await _gql(second, retry, {"id": content_id})
         # While the dead worker's lease runs, the content counts as being processed.
@@ -274,6 +271,181 @@ async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
 
 async def _is(server: ServerProcess, content_id: str, status: str) -> bool:
     return await _status(server, content_id) == status
+
+
+async def _exited(server: ServerProcess) -> None:
+    """Waits for a process told to stop to exit by itself."""
+    assert server.process is not None
+    process = server.process
+
+    async def gone() -> bool:
+        return process.poll() is not None
+
+    await until(gone, f"{server.name} to exit", seconds=60)
+
+
+async def test_a_worker_stopped_mid_transcode_hands_its_lease_back(
+    engine: dict[str, str], tmp_path: Path
+) -> None:
+    video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
+    # A lease nobody outlives here: only a lease handed back lets the second
+    # process take the content, and its recovery pass looks twice a second.
+    env = _pipeline_env(engine, MIFAMILIAS_PIPELINE_LEASE_SECONDS="3600")
+    first = ServerProcess(tmp_path / "data", env, name="first").start()
+    second: ServerProcess | None = None
+    try:
+        content_id = await _start_video(first, video)
+
+        async def transcoding() -> bool:
+            status = await _status(first, content_id)
+            assert status in ("PROCESSING", "TRANSCODING"), status  # it must not finish before the stop
+            return status == "TRANSCODING"
+
+        await until(transcoding, "the transcode to start")
+        # Started now, the second process finds the content claimed by the first
+        # (a start given time: the first keeps both cores busy).
+        second = ServerProcess(tmp_path / "data", env, name="second").start(timeout=120)
+        assert first.process is not None
+        first.process.send_signal(signal.SIGTERM)
+        await _exited(first)
+        assert f"handed back content {content_id}" in first.log()
+        seen: list[str] = []
+
+        async def ready() -> bool:
+            seen.append(await _status(second, content_id))
+            return seen[-1] == "READY"
+
+        await until(ready, "the second process to finish the content", seconds=180)
+        assert "FAILED" not in seen
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
+    no_traceback(first)
+    assert second is not None
+    no_traceback(second)
+
+
+# Probes and shutdown -------------------------------------------------------------------------
+
+
+async def test_readiness_follows_redis(tmp_path: Path) -> None:
+    redis = RedisProcess(tmp_path / "redis").start()
+    server = ServerProcess(
+        tmp_path / "data", {"MIFAMILIAS_AUTH_SECRET": SECRET, "MIFAMILIAS_REDIS_URL": redis.url}
+    ).start()
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            answers: list[tuple[int, dict[str, Any]]] = []
+
+            async def answers_with(status: int) -> bool:
+                response = await client.get(f"{server.url}/readyz")
+                answers.append((response.status_code, response.json()))
+                return response.status_code == status
+
+            assert await answers_with(200), answers
+            assert answers[-1][1] == {"status": "ready"}
+            redis.stop()
+            await until(lambda: answers_with(503), "/readyz to see Redis stopped", seconds=30)
+            body = answers[-1][1]
+            assert body["status"] == "unavailable" and body["store"] == "ok", body
+            assert body["broker"].startswith("Redis did not answer"), body
+            # Liveness is the process's own.
+            assert (await client.get(f"{server.url}/healthz")).status_code == 200
+            redis.start()
+            await until(lambda: answers_with(200), "/readyz to see Redis back", seconds=30)
+            assert answers[-1][1] == {"status": "ready"}
+    finally:
+        server.stop()
+        redis.stop()
+    no_traceback(server)
+
+
+SUBSCRIBE = {"graphql-transport-ws": "subscribe", "graphql-ws": "start"}
+EVENT = {"graphql-transport-ws": "next", "graphql-ws": "data"}
+
+
+async def _refuses_connections(server: ServerProcess) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    except ConnectionRefusedError:
+        return True
+    writer.close()
+    await writer.wait_closed()
+    return False
+
+
+async def test_sigterm_closes_sockets_with_1001_and_lets_a_request_finish(tmp_path: Path) -> None:
+    server = ServerProcess(tmp_path / "data", {"MIFAMILIAS_AUTH_SECRET": SECRET}).start()
+    try:
+        made = await _gql(server, 'mutation { createFamily(input: {name: "Los Ruiz"}) { id } }')
+        note = "Querida familia: ¡hola!".encode() * 1000
+        created = await _gql(
+            server,
+            "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id } } }",
+            {
+                "i": {
+                    "familyId": made["data"]["createFamily"]["id"],
+                    "type": "TEXT",
+                    "mimeType": "text/plain",
+                    "sizeBytes": len(note),
+                }
+            },
+        )
+        content_id = created["data"]["createUpload"]["content"]["id"]
+        # A subscription on each protocol, ready once it answered its first event.
+        sockets = []
+        for n, protocol in enumerate(SUBSCRIBE):
+            connection = await _socket(server, protocol)
+            query = "subscription($id: ID!) { contentStatusChanged(contentId: $id) { status } }"
+            await connection.send(
+                json.dumps(
+                    {
+                        "id": str(n),
+                        "type": SUBSCRIBE[protocol],
+                        "payload": {"query": query, "variables": {"id": content_id}},
+                    }
+                )
+            )
+            first = {"type": "ka"}
+            while first["type"] in ("ka", "ping"):  # keep-alives may come first
+                first = json.loads(await asyncio.wait_for(connection.recv(), 30))
+            assert first["type"] == EVENT[protocol], first
+            sockets.append(connection)
+
+        # An upload in flight: its body arrives in two halves, the second once
+        # the server has stopped accepting.
+        half_sent, go_on = asyncio.Event(), asyncio.Event()
+
+        async def body() -> AsyncIterator[bytes]:
+            yield note[: len(note) // 2]
+            half_sent.set()
+            await go_on.wait()
+            yield note[len(note) // 2 :]
+
+        async with httpx.AsyncClient(timeout=60) as client:
+            upload = asyncio.create_task(
+                client.put(
+                    created["data"]["createUpload"]["uploadUrl"],
+                    content=body(),
+                    headers={"Content-Type": "text/plain", "Content-Length": str(len(note))},
+                )
+            )
+            await half_sent.wait()
+            # Answered on a later connection: the upload's was accepted and read before it.
+            assert (await client.get(f"{server.url}/healthz")).status_code == 200
+            assert server.process is not None
+            server.process.send_signal(signal.SIGTERM)
+            for connection in sockets:
+                assert await _closed_with(connection) == (1001, "going away")
+            await until(lambda: _refuses_connections(server), "the server to stop accepting", seconds=30)
+            go_on.set()
+            response = await upload
+            assert response.status_code == 200, response.text
+        await _exited(server)
+    finally:
+        server.stop()
+    no_traceback(server)
 
 
 # Write rate limits, shared by every process ------------------------------------------------

@@ -37,6 +37,9 @@ class Broker(Protocol):
 
     def subscribe(self, channel: str) -> contextlib.AbstractAsyncContextManager[AsyncIterator[Event]]: ...
 
+    async def ping(self) -> None:
+        """Raises when the broker cannot carry events now (readiness)."""
+
     async def close(self) -> None: ...
 
 
@@ -113,6 +116,9 @@ class InProcessBroker:
     async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:
         async with self._fanout.listen(channel) as queue:
             yield _drain(queue)
+
+    async def ping(self) -> None:
+        pass  # the process itself: nothing to be down
 
     async def close(self) -> None:
         pass

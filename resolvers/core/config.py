@@ -62,6 +62,7 @@ class Settings(BaseSettings):
     pipeline_workers: int = 2
     pipeline_lease_seconds: float = 60.0
     pipeline_recovery_seconds: float = 30.0
+    shutdown_seconds: float = 20.0
     archive_after_days: int = 90
     capsule_retention_days: int = 365
     transcribe_bucket: str | None = None

@@ -24,7 +24,7 @@ from datetime import datetime
 
 from resolvers.core.errors import RateLimited
 from store import keys
-from store.port import Compare, ConditionFailed, NotExists, Table, Update, any_of, eq
+from store.port import TTL_ATTRIBUTE, Compare, ConditionFailed, NotExists, Table, Update, any_of, eq
 
 
 @dataclass(frozen=True)
@@ -99,13 +99,15 @@ class RateLimiter:
         found = self._window(action, now)
         if found is None:
             return
-        _, window, _ = found
+        limit, window, _ = found
         key = keys.rate(subject, action)
         add = Update(key, add={"count": 1}, condition=eq("window", window))
-        # No counter yet, or one of an older window: start this one.
+        # No counter yet, or one of an older window: start this one. It means
+        # nothing once its window is over, so DynamoDB's TTL may delete it then
+        # (one counter per client address would otherwise pile up for ever).
         start = Update(
             key,
-            set={"window": window, "count": 1},
+            set={"window": window, "count": 1, TTL_ATTRIBUTE: window + limit.seconds},
             condition=any_of(NotExists(), Compare("window", "<", window)),
         )
         order = (add, start) if seen == window else (start, add)

@@ -15,7 +15,9 @@ PIPELINE partition of GSI2; a lease on the item keeps two processes from
 working on the same content at once. The lease is short (a minute by default)
 and the worker renews it while it works, so a long transcode keeps its content
 while a process that died lets go of it within one lease: the next recovery
-pass, on any process, resumes it.
+pass, on any process, resumes it. A process that stops on purpose hands its
+leases back (`stop`), so another process's next recovery pass resumes that
+content at once instead of after the lease.
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ class Pipeline:
         self.lease = timedelta(seconds=settings.pipeline_lease_seconds)
         # Whose lease it is: renewals and releases touch only this process's own.
         self.owner = uuid.uuid4().hex
+        # Content whose lease this process may hold: noted before the claim (a
+        # claim cancelled on its way may still have landed), left noted when the
+        # work is cancelled, so that `stop` hands the lease back.
+        self._holding: set[str] = set()
 
     # Running --------------------------------------------------------------------
 
@@ -114,12 +120,38 @@ class Pipeline:
         self._tasks = [asyncio.create_task(self._work(), name=f"pipeline-{n}") for n in range(self.workers)]
 
     async def stop(self) -> None:
+        """Stops the workers, then hands back the leases their work held: a
+        conditional write clears the lease while it is still this process's, and
+        the content keeps the status it reached, so another process's recovery
+        pass takes it up from there at once. Safe to call twice."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        for content_id in sorted(self._holding):
+            await self._release(content_id)
+            self._holding.discard(content_id)
+
+    async def _release(self, content_id: str) -> None:
+        try:
+            await self.table.update(
+                Update(
+                    keys.content(content_id),
+                    set={"leaseUntil": None, "leaseOwner": None},
+                    condition=all_of(
+                        eq("leaseOwner", self.owner),
+                        any_of(*(eq("status", status) for status in IN_PIPELINE)),
+                    ),
+                )
+            )
+        except ConditionFailed:
+            return  # never claimed, finished, or no longer ours
+        except Exception:
+            log.exception("pipeline: could not hand back the lease of content %s", content_id)
+            return
+        log.info("pipeline: handed back content %s for another process to resume", content_id)
 
     async def _work(self) -> None:
         while True:
@@ -135,7 +167,8 @@ class Pipeline:
                 self.queue.task_done()
 
     async def recover(self) -> int:
-        """Queues what a crash or a full queue left mid-pipeline."""
+        """Queues what a crash, a shutdown or a full queue left mid-pipeline:
+        content with no lease (never claimed, or handed back) or a lease run out."""
         found = 0
         cursor: str | None = None
         while True:
@@ -153,6 +186,18 @@ class Pipeline:
     # One content ----------------------------------------------------------------
 
     async def process(self, content_id: str) -> None:
+        self._holding.add(content_id)
+        cancelled = False
+        try:
+            await self._process(content_id)
+        except asyncio.CancelledError:
+            cancelled = True  # stays noted: `stop` hands the lease back
+            raise
+        finally:
+            if not cancelled:
+                self._holding.discard(content_id)
+
+    async def _process(self, content_id: str) -> None:
         claimed = await self._claim(content_id)
         if claimed is None:
             return
