@@ -8,13 +8,11 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from resolvers.adapters import media
 from resolvers.adapters.media import (
     PHOTO_MAX_SIDE,
     THUMBNAIL_MAX_SIDE,
     VIDEO_MAX_SIDE,
     MediaError,
-    Probe,
     check_kind,
     check_photo,
     probe,
@@ -124,36 +122,6 @@ async def test_probe_timeout_kills_and_raises(src: dict[str, Path]) -> None:
     with pytest.raises(MediaError, match="took too long") as info:
         await probe(src["tone_video"], timeout_seconds=0.001)
     assert info.value.detail is not None and "timed out" in info.value.detail
-
-
-def test_parse_probe_rotation_and_metadata_cannot_fake_streams() -> None:
-    stderr = (
-        "Input #0, mov,mp4,m4a,3gp,3g2,mj2, from 'file:x.mp4':\n"
-        "  Metadata:\n"
-        "    title           : hello\n"
-        "    Stream #0:9: Audio: fake\n"
-        "  Duration: 00:01:02.50, start: 0.000000, bitrate: 148 kb/s\n"
-        "  Stream #0:0[0x1](und): Video: hevc (Main) (hvc1 / 0x31637668), yuv420p(tv, bt709), "
-        "1920x1080 [SAR 1:1 DAR 16:9], 58 kb/s, 30 fps, 30 tbr, 600 tbn (default)\n"
-        "    Metadata:\n"
-        "      handler_name    : Core Media Video\n"
-        "    Side data:\n"
-        "      Display Matrix: rotation of -90.00 degrees\n"
-        "[mov,mp4,m4a,3gp,3g2,mj2 @ 0x55] some warning\n"
-        "At least one output file must be specified\n"
-    )
-    p = media._parse_probe(stderr)
-    assert p == Probe(
-        has_video=True,
-        has_audio=False,
-        duration_seconds=62.5,
-        width=1080,
-        height=1920,
-        format_name="mov,mp4,m4a,3gp,3g2,mj2",
-        video_codec="hevc",
-        audio_codec=None,
-    )
-    assert media._parse_probe("Error opening input file x.\n") is None
 
 
 # ------------------------------------------------------------------------------------------ check_kind
