@@ -59,14 +59,36 @@ def make_audio_clip(dir: Path, name: str = "tone.wav", *, seconds: float = 1.0) 
 
 
 def make_audio_with_cover(dir: Path, name: str = "cover.mp3", *, seconds: float = 1.0) -> Path:
-    """An MP3 tone with an embedded cover picture (an attached pic, not a real video)."""
+    """A tone with an embedded cover picture (an attached pic, not a real video).
+
+    ``.mp3``: MP3 with a PNG in an ID3v2 tag; ``.m4a``: AAC with a JPEG ``covr`` atom.
+    """
     cover = make_png(dir, size=(64, 64), name="cover-art.png")
     out = Path(dir) / name
+    if out.suffix == ".m4a":
+        codecs = ["-c:a", "aac", "-c:v", "mjpeg"]
+    else:
+        codecs = ["-c:a", "libmp3lame", "-c:v", "png", "-id3v2_version", "3"]
     _ffmpeg(
         "-f", "lavfi", "-i", f"sine=frequency=440:duration={seconds}", "-i", str(cover),
-        "-map", "0:a", "-map", "1:v", "-c:a", "libmp3lame", "-c:v", "png",
-        "-disposition:v", "attached_pic", "-id3v2_version", "3", str(out),
+        "-map", "0:a", "-map", "1:v", *codecs, "-disposition:v", "attached_pic", str(out),
     )  # fmt: skip
+    return out
+
+
+def make_rotated_video(dir: Path, src: Path, degrees: int, name: str | None = None) -> Path:
+    """A copy of the video ``src`` (streams copied, not re-encoded) whose container asks players
+    to turn the picture by ``degrees`` counter-clockwise (a display matrix, as phones write)."""
+    out = Path(dir) / (name or f"{src.stem}-rot{degrees}{src.suffix}")
+    _ffmpeg("-display_rotation", str(degrees), "-i", str(src), "-map", "0", "-c", "copy", str(out))
+    return out
+
+
+def make_truncated(dir: Path, src: Path, name: str, keep: float = 0.5) -> Path:
+    """The first ``keep`` fraction of the bytes of ``src``."""
+    data = src.read_bytes()
+    out = Path(dir) / name
+    out.write_bytes(data[: int(len(data) * keep)])
     return out
 
 

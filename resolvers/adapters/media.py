@@ -1,15 +1,16 @@
 """Media checks and conversions for uploaded family content.
 
 Pure async functions: they read a local file and write local files, nothing else (no storage,
-no GraphQL). Video and audio go through the ffmpeg binary shipped by ``imageio-ffmpeg`` (there is
-no ffprobe, so :func:`probe` reads the stream summary that ``ffmpeg -i`` prints); photos go
-through Pillow in a worker thread.
+no GraphQL). :func:`probe` reads a file's streams with PyAV (libavformat) in a child Python
+(:mod:`resolvers.adapters.probing`); video and audio are converted by the ffmpeg binary shipped by
+``imageio-ffmpeg``; photos go through Pillow in child processes.
 
-Every ffmpeg run is a subprocess started with :func:`asyncio.create_subprocess_exec`, bounded by
-a timeout and killed when the timeout passes or the awaiting task is cancelled.
+Every probe and every ffmpeg run is a subprocess started with
+:func:`asyncio.create_subprocess_exec`, bounded by a timeout and killed when the timeout passes or
+the awaiting task is cancelled.
 
 Errors are :class:`MediaError`: ``str(error)`` is a short sentence fit to show a person,
-``error.detail`` carries the ffmpeg/Pillow diagnostics (stderr tail) for the logs.
+``error.detail`` carries the PyAV/ffmpeg/Pillow diagnostics (stderr tail) for the logs.
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import concurrent.futures
 import concurrent.futures.process
 import contextlib
 import functools
+import json
 import multiprocessing
 import re
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +35,7 @@ from typing import Any, TypeVar
 import imageio_ffmpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from resolvers.adapters import photo_metadata
+from resolvers.adapters import photo_metadata, probing
 from store.enums import ContentType
 
 T = TypeVar("T")
@@ -81,7 +84,7 @@ _TEXT_CHUNK_BYTES = 1 << 16
 _RESIZABLE_MODES = frozenset({"RGB", "RGBA", "L", "LA", "CMYK"})
 THUMBNAIL_QUALITY = 80
 
-_STDERR_HEAD_BYTES = 1 << 20  # probe output is read from the top
+_STDERR_HEAD_BYTES = 1 << 20  # output is read from the top
 _STDERR_TAIL_BYTES = 16 << 10  # what we keep of the end for error details
 _DETAIL_TAIL_CHARS = 4000
 
@@ -103,12 +106,12 @@ class MediaError(Exception):
 
 @dataclass(frozen=True)
 class Probe:
-    """What ffmpeg found in a file.
+    """What libavformat (through PyAV) found in a file.
 
     ``has_video`` counts only real picture streams: cover art attached to an audio file
     (``has_cover_art``) is not video. ``width``/``height`` are the display size of the first
     video stream (after any rotation stored in the file); for a still image they are the image
-    size. ``format_name`` is ffmpeg's demuxer name, e.g. ``"mov,mp4,m4a,3gp,3g2,mj2"``,
+    size. ``format_name`` is libavformat's demuxer name, e.g. ``"mov,mp4,m4a,3gp,3g2,mj2"``,
     ``"png_pipe"``, ``"wav"``.
     """
 
@@ -124,8 +127,8 @@ class Probe:
 
     @property
     def is_still_image(self) -> bool:
-        """True for files ffmpeg reads with an image demuxer (a single picture, not a clip)."""
-        return _is_image_format(self.format_name)
+        """True for files libavformat reads with an image demuxer (a single picture, not a clip)."""
+        return probing.is_image_format(self.format_name)
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,14 +173,22 @@ def _tail(text: str) -> str:
     return text if len(text) <= _DETAIL_TAIL_CHARS else "[...]" + text[-_DETAIL_TAIL_CHARS:]
 
 
-async def _run_ffmpeg(args: Sequence[str], *, timeout_seconds: float, what: str) -> tuple[int, str]:
-    """Run ffmpeg with ``args``; return (exit code, stderr). Killed on timeout or cancellation."""
-    argv = [_ffmpeg_exe(), "-hide_banner", "-nostdin", *args]
+async def _nothing() -> str:
+    return ""
+
+
+async def _run_process(
+    argv: Sequence[str], *, timeout_seconds: float, what: str, tool: str, stdout: bool = False
+) -> tuple[int, str, str]:
+    """Run ``argv``; return (exit code, stdout, stderr). Killed on timeout or cancellation.
+
+    stdout is read only when ``stdout`` is true (else it goes to /dev/null).
+    """
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE if stdout else asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
         )
     except OSError as exc:
@@ -185,18 +196,27 @@ async def _run_ffmpeg(args: Sequence[str], *, timeout_seconds: float, what: str)
     assert proc.stderr is not None
     try:
         async with asyncio.timeout(timeout_seconds):
-            stderr = await _collect(proc.stderr)
+            out, err = await asyncio.gather(
+                _collect(proc.stdout) if proc.stdout is not None else _nothing(), _collect(proc.stderr)
+            )
             code = await proc.wait()
     except TimeoutError:
         raise MediaError(
             f"{what} took too long and was stopped",
-            detail=f"ffmpeg timed out after {timeout_seconds:g}s: {' '.join(argv)}",
+            detail=f"{tool} timed out after {timeout_seconds:g}s: {' '.join(argv)}",
         ) from None
     finally:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             await proc.wait()
+    return code, out, err
+
+
+async def _run_ffmpeg(args: Sequence[str], *, timeout_seconds: float, what: str) -> tuple[int, str]:
+    """Run ffmpeg with ``args``; return (exit code, stderr). Killed on timeout or cancellation."""
+    argv = [_ffmpeg_exe(), "-hide_banner", "-nostdin", *args]
+    code, _, stderr = await _run_process(argv, timeout_seconds=timeout_seconds, what=what, tool="ffmpeg")
     return code, stderr
 
 
@@ -221,115 +241,50 @@ async def _run_ffmpeg_to(
 
 
 # --------------------------------------------------------------------------------------------
-# probing
+# probing (PyAV, in a child process: resolvers/adapters/probing.py)
 
-_INPUT_RE = re.compile(r"^Input #0, (?P<format>.+?), from ", re.MULTILINE)
-_DURATION_RE = re.compile(r"^\s*Duration: (?:(?P<h>\d+):(?P<m>\d\d):(?P<s>\d\d(?:\.\d+)?)|N/A)")
-_STREAM_RE = re.compile(
-    r"^\s*Stream #0:\d+\S*?: (?P<kind>Video|Audio|Subtitle|Data|Attachment)"
-    r"(?:: (?P<codec>[^\s,]+))?(?P<rest>.*)$"
-)
-# "320x240" as its own comma-separated field; not the "0x31637661" inside "(avc1 / 0x31637661)".
-_SIZE_RE = re.compile(r"(?:^|[\s,])(?P<w>\d{1,5})x(?P<h>\d{1,5})(?=$|[\s,\[])")
-_ROTATION_RE = re.compile(r"^\s*display ?matrix: rotation of (?P<deg>-?\d+(?:\.\d+)?) degrees", re.I)
-_IMAGE_FORMATS = frozenset({"image2", "gif", "apng", "webp", "ico", "bmp", "tiff", "jpegxl_anim"})
+_PROBE_SCRIPT = probing.__file__
+_PROBE_FIELDS = frozenset(probing.ProbeFields.__annotations__)
 
 
-def _is_image_format(format_name: str | None) -> bool:
-    if not format_name:
-        return False
-    return any(name in _IMAGE_FORMATS or name.endswith("_pipe") for name in format_name.split(","))
+def _probe_command(path: Path) -> list[str]:
+    # -I: the child ignores PYTHON* variables and puts neither the script's folder nor the
+    # working directory on sys.path; it needs the standard library and av, nothing else.
+    return [sys.executable, "-I", _PROBE_SCRIPT, str(path)]
 
 
-def _indent(line: str) -> int:
-    return len(line) - len(line.lstrip(" "))
-
-
-def _parse_probe(stderr: str) -> Probe | None:
-    """Parse the stream summary ``ffmpeg -i`` prints for input #0; None if there is none."""
-    match = _INPUT_RE.search(stderr)
-    if match is None:
+def _probe_from_json(text: str) -> Probe | None:
+    try:
+        fields = json.loads(text)
+    except ValueError:
         return None
-    duration: float | None = None
-    video_codec: str | None = None
-    audio_codec: str | None = None
-    has_video = has_audio = has_cover_art = False
-    width: int | None = None
-    height: int | None = None
-    in_first_video = False
-    skip_deeper_than: int | None = None  # inside a "Metadata:" block (free text from the file)
-
-    for line in stderr[match.end() :].splitlines()[1:]:
-        if line.startswith("["):
-            continue  # a log message from a component, e.g. "[mov,mp4,... @ 0x5f...] ..."
-        if not line.startswith(" "):
-            break  # end of the input #0 summary ("Output #0", "At least one output file ...")
-        indent = _indent(line)
-        if skip_deeper_than is not None:
-            if indent > skip_deeper_than:
-                continue
-            skip_deeper_than = None
-        stripped = line.strip()
-        if stripped == "Metadata:":
-            skip_deeper_than = indent
-            continue
-        if (m := _DURATION_RE.match(line)) is not None:
-            if m.group("h") is not None:
-                duration = int(m.group("h")) * 3600 + int(m.group("m")) * 60 + float(m.group("s"))
-            continue
-        if (m := _STREAM_RE.match(line)) is not None:
-            in_first_video = False
-            kind, codec, rest = m.group("kind"), m.group("codec"), m.group("rest")
-            if codec == "none":
-                codec = None
-            if kind == "Audio":
-                has_audio = True
-                audio_codec = audio_codec or codec
-            elif kind == "Video":
-                if "(attached pic)" in rest:
-                    has_cover_art = True
-                elif not has_video:
-                    has_video = True
-                    video_codec = codec
-                    size = _SIZE_RE.search(rest)
-                    if size is not None:
-                        width, height = int(size.group("w")), int(size.group("h"))
-                    in_first_video = True
-            continue
-        if in_first_video and (m := _ROTATION_RE.match(line)) is not None:
-            if round(abs(float(m.group("deg")))) % 180 == 90 and width is not None and height is not None:
-                width, height = height, width
-            continue
-
-    if duration is not None and duration <= 0:
-        duration = None
-    return Probe(
-        has_video=has_video,
-        has_audio=has_audio,
-        duration_seconds=duration,
-        width=width,
-        height=height,
-        format_name=match.group("format"),
-        video_codec=video_codec,
-        audio_codec=audio_codec,
-        has_cover_art=has_cover_art,
-    )
+    if not isinstance(fields, dict) or fields.keys() != _PROBE_FIELDS:
+        return None
+    return Probe(**fields)
 
 
 async def probe(path: Path, *, timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -> Probe:
-    """Read the streams of ``path`` with ffmpeg. Raises MediaError for unreadable files."""
+    """Read the streams of ``path`` with PyAV, in a child process killed after ``timeout_seconds``.
+
+    Raises MediaError for missing and unreadable files and for files with nothing to show or play.
+    """
     if not await asyncio.to_thread(path.is_file):
         raise MediaError("the file could not be found", detail=str(path))
-    # ffmpeg exits 1 ("At least one output file must be specified") after printing the summary;
-    # whether the input opened is told by the summary, not the exit code.
-    _, stderr = await _run_ffmpeg(
-        ["-i", _ffmpeg_path(path)], timeout_seconds=timeout_seconds, what="reading the file"
+    code, stdout, stderr = await _run_process(
+        _probe_command(path),
+        timeout_seconds=timeout_seconds,
+        what="reading the file",
+        tool="probe",
+        stdout=True,
     )
-    result = _parse_probe(stderr)
+    result = _probe_from_json(stdout) if code == 0 else None
     if result is None:
-        raise MediaError("the file is not a readable audio, video or image file", detail=_tail(stderr))
+        raise MediaError(
+            "the file is not a readable audio, video or image file",
+            detail=f"probe exit code {code}\n{_tail(stderr)}",
+        )
     if not (result.has_video or result.has_audio or result.has_cover_art):
-        raise MediaError("the file contains no audio, video or picture", detail=_tail(stderr))
+        raise MediaError("the file contains no audio, video or picture", detail=f"probe found {result}")
     return result
 
 

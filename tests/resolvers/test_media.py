@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import re
+import signal
+import sys
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree
 
 import pytest
@@ -15,7 +20,6 @@ from resolvers.adapters.media import (
     THUMBNAIL_MAX_SIDE,
     VIDEO_MAX_SIDE,
     MediaError,
-    Probe,
     check_kind,
     check_photo,
     probe,
@@ -127,34 +131,129 @@ async def test_probe_timeout_kills_and_raises(src: dict[str, Path]) -> None:
     assert info.value.detail is not None and "timed out" in info.value.detail
 
 
-def test_parse_probe_rotation_and_metadata_cannot_fake_streams() -> None:
-    stderr = (
-        "Input #0, mov,mp4,m4a,3gp,3g2,mj2, from 'file:x.mp4':\n"
-        "  Metadata:\n"
-        "    title           : hello\n"
-        "    Stream #0:9: Audio: fake\n"
-        "  Duration: 00:01:02.50, start: 0.000000, bitrate: 148 kb/s\n"
-        "  Stream #0:0[0x1](und): Video: hevc (Main) (hvc1 / 0x31637668), yuv420p(tv, bt709), "
-        "1920x1080 [SAR 1:1 DAR 16:9], 58 kb/s, 30 fps, 30 tbr, 600 tbn (default)\n"
-        "    Metadata:\n"
-        "      handler_name    : Core Media Video\n"
-        "    Side data:\n"
-        "      Display Matrix: rotation of -90.00 degrees\n"
-        "[mov,mp4,m4a,3gp,3g2,mj2 @ 0x55] some warning\n"
-        "At least one output file must be specified\n"
-    )
-    p = media._parse_probe(stderr)
-    assert p == Probe(
-        has_video=True,
-        has_audio=False,
-        duration_seconds=62.5,
-        width=1080,
-        height=1920,
-        format_name="mov,mp4,m4a,3gp,3g2,mj2",
-        video_codec="hevc",
-        audio_codec=None,
-    )
-    assert media._parse_probe("Error opening input file x.\n") is None
+@pytest.mark.parametrize(
+    ("degrees", "size"), [(90, (240, 320)), (-90, (240, 320)), (270, (240, 320)), (180, (320, 240))]
+)
+async def test_probe_reports_display_size_of_rotated_video(
+    src: dict[str, Path], tmp_path: Path, degrees: int, size: tuple[int, int]
+) -> None:
+    rotated = mf.make_rotated_video(tmp_path, src["tone_video"], degrees)
+    p = await probe(rotated)
+    assert (p.width, p.height) == size
+    assert p.has_video and p.has_audio and not p.is_still_image
+    assert (p.video_codec, p.audio_codec) == ("h264", "aac")
+
+
+async def test_probe_size_of_rotated_video_is_the_size_ffmpeg_transcodes_to(
+    src: dict[str, Path], tmp_path: Path
+) -> None:
+    rotated = mf.make_rotated_video(tmp_path, src["tone_video"], 90)
+    before = await probe(rotated)
+    out, thumb = tmp_path / "out.mp4", tmp_path / "thumb.jpg"
+    await transcode_video(rotated, out, thumb, probed=before)
+    after = await probe(out)  # ffmpeg turned the picture upright; no rotation is left in the file
+    assert (before.width, before.height) == (after.width, after.height) == (240, 320)
+    assert _jpeg_size(thumb) == (240, 320)
+
+
+async def test_probe_m4a_with_cover_art_is_not_video(tmp_path: Path) -> None:
+    p = await probe(mf.make_audio_with_cover(tmp_path, "cover.m4a"))
+    assert p.has_audio and p.audio_codec == "aac"
+    assert p.has_cover_art and not p.has_video
+    assert p.width is None and p.height is None and p.video_codec is None
+    assert p.format_name == "mov,mp4,m4a,3gp,3g2,mj2"
+
+
+async def test_probe_jpeg_is_still_image_at_its_stored_size(src: dict[str, Path]) -> None:
+    # EXIF orientation is Pillow's business (check_photo, transcode_photo), not the probe's.
+    p = await probe(src["rotated_jpg"])
+    assert p.has_video and not p.has_audio and p.is_still_image
+    assert (p.width, p.height, p.video_codec) == (800, 600, "mjpeg")
+    assert p.format_name == "image2"
+
+
+async def test_probe_truncated_video_raises(src: dict[str, Path], tmp_path: Path) -> None:
+    # Without faststart the index (moov) is at the end: the first half has no index.
+    half = mf.make_truncated(tmp_path, src["silent_video"], "half.mp4")
+    with pytest.raises(MediaError, match=_exactly("the file is not a readable audio, video or image file")):
+        await probe(half)
+
+
+async def test_probe_of_a_file_without_media_raises(tmp_path: Path) -> None:
+    srt = tmp_path / "subtitles.srt"
+    srt.write_text("1\n00:00:00,000 --> 00:00:01,000\nhola\n")
+    with pytest.raises(MediaError, match=_exactly("the file contains no audio, video or picture")):
+        await probe(srt)
+
+
+class _Children:
+    """Records the child processes the media module starts, in the order started."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.started: asyncio.Queue[asyncio.subprocess.Process] = asyncio.Queue()
+        real = asyncio.create_subprocess_exec
+
+        async def recording(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+            proc = await real(*args, **kwargs)
+            self.started.put_nowait(proc)
+            return proc
+
+        monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+
+
+def _probe_reads(monkeypatch: pytest.MonkeyPatch, other: Path) -> None:
+    """Make the probe's child read ``other`` instead of the file it was given."""
+    command = media._probe_command
+    monkeypatch.setattr(media, "_probe_command", lambda path: command(other))
+
+
+async def test_probe_kills_a_child_stuck_on_a_fifo(
+    src: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Opening a FIFO no one writes to blocks the child's demuxer for ever.
+    fifo = tmp_path / "never.mp4"
+    os.mkfifo(fifo)
+    _probe_reads(monkeypatch, fifo)
+    children = _Children(monkeypatch)
+    # The outer timeout is a guard only: a probe that failed to kill its child would wait for ever.
+    async with asyncio.timeout(60):
+        with pytest.raises(
+            MediaError, match=_exactly("reading the file took too long and was stopped")
+        ) as info:
+            await probe(src["png"], timeout_seconds=0.5)
+    assert info.value.detail is not None and "timed out" in info.value.detail
+    child = children.started.get_nowait()
+    assert child.returncode == -signal.SIGKILL
+
+
+async def test_probe_leaves_the_loop_free_and_cancelling_kills_the_child(
+    src: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fifo = tmp_path / "never.mp4"
+    os.mkfifo(fifo)
+    _probe_reads(monkeypatch, fifo)
+    children = _Children(monkeypatch)
+    task = asyncio.create_task(probe(src["png"], timeout_seconds=600))
+    # This coroutine runs while the child is stuck: the probe does not hold the event loop.
+    child = await asyncio.wait_for(children.started.get(), timeout=60)
+    assert not task.done() and child.returncode is None
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(60):  # a guard, as above
+            await task
+    assert child.returncode == -signal.SIGKILL
+
+
+async def test_probe_child_crash_is_an_unreadable_file(
+    src: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a demuxer crashing on a hostile file looks like from the server: a child killed by a signal.
+    monkeypatch.setattr(media, "_probe_command", lambda path: [sys.executable, "-c", "import os; os.abort()"])
+    with pytest.raises(
+        MediaError, match=_exactly("the file is not a readable audio, video or image file")
+    ) as info:
+        await probe(src["png"])
+    assert info.value.detail is not None and f"exit code {-signal.SIGABRT}" in info.value.detail
 
 
 # ------------------------------------------------------------------------------------------ check_kind

@@ -1,0 +1,149 @@
+"""Read what a media file holds with PyAV (libavformat), in a process of its own.
+
+:func:`resolvers.adapters.media.probe` runs this file as a script in a child Python
+(``python -I probing.py PATH``) and kills the child when it takes too long: a hostile file can
+make a demuxer spin, block (a FIFO) or crash, and none of that may reach the server.
+The child prints one JSON object on stdout, the fields of ``media.Probe``, and exits 0; a file
+libavformat cannot open exits with :data:`EXIT_UNREADABLE` and the reason on stderr.
+
+Only headers are read (``avformat_open_input`` and ``avformat_find_stream_info``, as ``ffmpeg -i``
+does). The display rotation of a video lives in side data that PyAV shows on decoded frames
+only, so for a clip (not a still image) one frame of the first video stream is decoded, with
+one thread and at most :data:`MAX_PACKETS_FOR_ROTATION` packets read. The child's address space
+is capped at :data:`MEMORY_LIMIT_BYTES`.
+
+This module imports nothing from the project (the child runs it as a plain script) and imports
+``av`` only in the child, so the server process never loads libav.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:
+    from av.container import InputContainer
+    from av.video.stream import VideoStream
+
+__all__ = ["EXIT_UNREADABLE", "ProbeFields", "is_image_format", "probe_file"]
+
+EXIT_UNREADABLE = 2
+MEMORY_LIMIT_BYTES = 1 << 30
+MAX_PACKETS_FOR_ROTATION = 64
+
+# Demuxers that read one picture (or an animation stored as a picture), not a clip.
+_IMAGE_FORMATS = frozenset({"image2", "gif", "apng", "webp", "ico", "bmp", "tiff", "jpegxl_anim"})
+
+
+class ProbeFields(TypedDict):
+    """The fields of ``media.Probe``, as the child prints them."""
+
+    has_video: bool
+    has_audio: bool
+    duration_seconds: float | None
+    width: int | None
+    height: int | None
+    format_name: str | None
+    video_codec: str | None
+    audio_codec: str | None
+    has_cover_art: bool
+
+
+def is_image_format(format_name: str | None) -> bool:
+    """True for libavformat's image demuxers: ``image2``, ``png_pipe``, ``jpeg_pipe``, ``gif``..."""
+    if not format_name:
+        return False
+    return any(name in _IMAGE_FORMATS or name.endswith("_pipe") for name in format_name.split(","))
+
+
+def _codec_name(name: str | None) -> str | None:
+    return None if name in (None, "", "none") else name
+
+
+def _rotation(container: InputContainer, stream: VideoStream) -> float:
+    """The display rotation of the first decoded frame of ``stream``, in degrees (0 if none)."""
+    import av
+    from av.stream import Discard
+
+    for other in container.streams:
+        if other.index != stream.index:
+            other.discard = Discard.all
+    stream.codec_context.thread_count = 1
+    try:
+        for count, packet in enumerate(container.demux(stream), start=1):
+            for frame in packet.decode():
+                return float(frame.rotation)
+            if count >= MAX_PACKETS_FOR_ROTATION:
+                break
+    except av.FFmpegError:
+        pass  # damaged data after good headers: the headers are what the probe reports
+    return 0.0
+
+
+def probe_file(path: str) -> ProbeFields:
+    """Open ``path`` and describe its streams. Raises ``av.FFmpegError`` if it cannot be opened."""
+    import av
+    from av.stream import Disposition
+
+    # "file:" stops libavformat reading "a:b.mp4" as a protocol, and every other protocol.
+    with av.open("file:" + path, mode="r") as container:
+        format_name = container.format.name or None
+        has_audio = has_video = has_cover_art = False
+        audio_codec: str | None = None
+        video: VideoStream | None = None
+        for stream in container.streams:
+            context = stream.codec_context
+            name = _codec_name(context.codec.canonical_name) if context is not None else None
+            if stream.type == "audio":
+                has_audio = True
+                audio_codec = audio_codec or name
+            elif isinstance(stream, av.VideoStream):
+                if stream.disposition & Disposition.attached_pic:
+                    has_cover_art = True
+                elif video is None:
+                    video = stream
+                    has_video = True
+
+        width = height = None
+        video_codec: str | None = None
+        if video is not None and video.codec_context is not None:
+            video_codec = _codec_name(video.codec_context.codec.canonical_name)
+            width, height = video.codec_context.width or None, video.codec_context.height or None
+            clip = width is not None and height is not None and not is_image_format(format_name)
+            if clip and round(abs(_rotation(container, video))) % 180 == 90:
+                width, height = height, width
+
+        duration = container.duration / 1_000_000 if container.duration is not None else None
+        return ProbeFields(
+            has_video=has_video,
+            has_audio=has_audio,
+            duration_seconds=duration if duration is not None and duration > 0 else None,
+            width=width,
+            height=height,
+            format_name=format_name,
+            video_codec=video_codec,
+            audio_codec=audio_codec,
+            has_cover_art=has_cover_art,
+        )
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: probing.py PATH", file=sys.stderr)
+        return 64
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+    import av
+
+    try:
+        fields = probe_file(argv[1])
+    except av.FFmpegError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_UNREADABLE
+    sys.stdout.write(json.dumps(fields))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
