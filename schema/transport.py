@@ -267,6 +267,13 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
     def decode_json(self, data: str | bytes) -> object:
         return orjson.loads(data)
 
+    def should_render_graphql_ide(self, request: Any) -> bool:
+        """A browser opening /graphql gets GraphiQL, also with a `query` parameter (the
+        page's own, as in GraphiQL's classic links); other GETs with one run it."""
+        if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+            return True
+        return bool(super().should_render_graphql_ide(request))
+
     @property
     def graphql_ide_html(self) -> str:
         from schema.graphiql import GRAPHIQL_HTML
