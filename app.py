@@ -28,10 +28,9 @@ from resolvers.adapters.media_http import media_routes
 from resolvers.core.auth import mint_token
 from resolvers.core.config import ConfigError, Settings
 from resolvers.core.context import Services, utc_now
-from resolvers.runtime import compose, start_background
+from resolvers.runtime import compose, local_blob_store, start_background
 from schema.graphiql import STATIC_DIR
 from schema.transport import MiFamiliasGraphQL
-from store.blobs import LocalBlobStore
 from store.port import Table
 
 log = logging.getLogger("mifamilias")
@@ -52,7 +51,7 @@ async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> T
         )
     from store.sqlite import SqliteTable
 
-    table = SqliteTable(settings.data_dir / "mifamilias.sqlite3")
+    table = SqliteTable(settings.sqlite_path)
     stack.push_async_callback(table.close)
     return table
 
@@ -104,9 +103,7 @@ def create_app(
     ]
     local_blobs = None
     if not settings.s3_bucket:
-        local_blobs = LocalBlobStore(
-            settings.data_dir / "media", settings.base_url, settings.resolved_auth_secret().encode()
-        )
+        local_blobs = local_blob_store(settings)
         routes += media_routes(local_blobs)
     middleware = []
     if settings.allowed_origins:

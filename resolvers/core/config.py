@@ -98,6 +98,11 @@ class Settings(BaseSettings):
         return self.dynamodb_endpoint is not None or self.aws_region is not None
 
     @property
+    def sqlite_path(self) -> Path:
+        """The embedded store's file."""
+        return self.data_dir / "mifamilias.sqlite3"
+
+    @property
     def base_url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
 
