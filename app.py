@@ -2,6 +2,7 @@
 
 python app.py [serve]            start the server (embedded store by default)
 python app.py token USER_ID      print a development token
+python app.py demo               seed a demo world (once) and serve it
 python app.py create-table       create the DynamoDB table (safe to run twice)
 """
 
@@ -150,6 +151,32 @@ def _token(settings: Settings, args: argparse.Namespace) -> None:
     )
 
 
+def _demo(settings: Settings) -> int:
+    import asyncio
+
+    from resolvers import demo
+
+    problem = demo.refusal(settings)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
+    world = demo.load_world(settings)
+    seeded_now = world is None
+    if world is None:
+        print(
+            f"Seeding a demo world in {settings.data_dir} (real media through the real pipeline)...",
+            flush=True,
+        )
+        try:
+            world = asyncio.run(demo.seed(settings))
+        except demo.DemoError as error:
+            print(f"the demo could not be seeded: {error}", file=sys.stderr)
+            return 1
+    print(demo.describe(settings, world, seeded_now=seeded_now), flush=True)
+    _serve(settings)
+    return 0
+
+
 async def _create_table(settings: Settings) -> bool:
     import aioboto3
 
@@ -172,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     token.add_argument("--given-name")
     token.add_argument("--family-name")
     token.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
+    commands.add_parser(
+        "demo",
+        help="seed a demo family in the data directory (once), print a GraphiQL link per member, and serve",
+    )
     commands.add_parser("create-table", help="create the DynamoDB table with both GSIs (safe to run twice)")
     commands.add_parser("export-schema", help="write the schema's SDL to schema.graphql")
     args = parser.parse_args(argv)
@@ -184,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         _serve(settings)
     elif args.command == "token":
         _token(settings, args)
+    elif args.command == "demo":
+        return _demo(settings)
     elif args.command == "export-schema":
         from pathlib import Path
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 PREFIX = "MIFAMILIAS_"
@@ -63,6 +63,8 @@ class Settings(BaseSettings):
     capsule_retention_days: int = 365
     transcribe_bucket: str | None = None
     transcriber: str | None = None
+    # `./dev demo`: its second capsule unlocks this long after the world is seeded.
+    demo_unlock_seconds: Annotated[float, Field(ge=5)] = 120.0
 
     @classmethod
     def settings_customise_sources(
