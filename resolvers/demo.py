@@ -35,6 +35,7 @@ from PIL import Image, ImageDraw
 from starlette.routing import Router
 from starlette.types import Message
 
+from resolvers.adapters import media
 from resolvers.adapters.media_http import media_routes
 from resolvers.core.auth import mint_token
 from resolvers.core.config import Settings
@@ -472,6 +473,7 @@ async def seed(settings: Settings) -> World:
         table = SqliteTable(settings.sqlite_path)
         stack.push_async_callback(table.close)
         blobs = local_blob_store(settings)
+        stack.callback(media.close_photo_pool)  # after the pipeline's workers stop
         services = await compose(settings, table, stack, local_blobs=blobs)
         # The pipeline's workers; the scheduler is run by hand, when a capsule is due.
         await services.pipeline.start()
