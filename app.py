@@ -2,6 +2,7 @@
 
 python app.py [serve]            start the server (embedded store by default)
 python app.py token USER_ID      print a development token
+python app.py demo               seed a demo world (once) and serve it
 python app.py create-table       create the DynamoDB table (safe to run twice)
 python app.py trusted-documents check PATH
                                  check a trusted-documents manifest against the schema
@@ -33,11 +34,10 @@ from resolvers.adapters.media_http import media_routes
 from resolvers.core.auth import mint_token
 from resolvers.core.config import ConfigError, Settings
 from resolvers.core.context import Services, utc_now
-from resolvers.runtime import compose, start_background
+from resolvers.runtime import compose, local_blob_store, start_background
 from schema.graphiql import STATIC_DIR
 from schema.transport import MiFamiliasGraphQL
 from store import keys
-from store.blobs import LocalBlobStore
 from store.port import Table
 
 log = logging.getLogger("mifamilias")
@@ -77,7 +77,7 @@ async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> T
         )
     from store.sqlite import SqliteTable
 
-    table = SqliteTable(settings.data_dir / "mifamilias.sqlite3")
+    table = SqliteTable(settings.sqlite_path)
     stack.push_async_callback(table.close)
     return table
 
@@ -156,9 +156,7 @@ def create_app(
     ]
     local_blobs = None
     if not settings.s3_bucket:
-        local_blobs = LocalBlobStore(
-            settings.data_dir / "media", settings.base_url, settings.resolved_auth_secret().encode()
-        )
+        local_blobs = local_blob_store(settings)
         routes += media_routes(local_blobs)
     middleware = []
     if settings.allowed_origins:
@@ -238,6 +236,32 @@ def _token(settings: Settings, args: argparse.Namespace) -> None:
     print(f"signed with the secret in {where}: the server must use the same settings", file=sys.stderr)
 
 
+def _demo(settings: Settings) -> int:
+    import asyncio
+
+    from resolvers import demo
+
+    problem = demo.refusal(settings)
+    if problem is not None:
+        print(problem, file=sys.stderr)
+        return 2
+    world = demo.load_world(settings)
+    seeded_now = world is None
+    if world is None:
+        print(
+            f"Seeding a demo world in {settings.data_dir} (real media through the real pipeline)...",
+            flush=True,
+        )
+        try:
+            world = asyncio.run(demo.seed(settings))
+        except demo.DemoError as error:
+            print(f"the demo could not be seeded: {error}", file=sys.stderr)
+            return 1
+    print(demo.describe(settings, world, seeded_now=seeded_now), flush=True)
+    _serve(settings)
+    return 0
+
+
 async def _create_table(settings: Settings) -> bool:
     import aioboto3
 
@@ -282,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     token.add_argument("--given-name")
     token.add_argument("--family-name")
     token.add_argument("--days", type=int, default=30, help="validity in days (default 30)")
+    commands.add_parser(
+        "demo",
+        help="seed a demo family in the data directory (once), print a GraphiQL link per member, and serve",
+    )
     commands.add_parser("create-table", help="create the DynamoDB table with both GSIs (safe to run twice)")
     commands.add_parser("export-schema", help="write the schema's SDL to schema.graphql")
     trusted = commands.add_parser(
@@ -304,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
         _token(settings, args)
     elif args.command == "trusted-documents":
         return _check_trusted_documents(settings, args.path)
+    elif args.command == "demo":
+        return _demo(settings)
     elif args.command == "export-schema":
         from schema import schema
 

@@ -64,6 +64,13 @@ async def _open_transcriber(settings: Settings, stack: contextlib.AsyncExitStack
     return transcriber
 
 
+def local_blob_store(settings: Settings) -> LocalBlobStore:
+    """Media as files in the data directory, served back by the app's own routes."""
+    return LocalBlobStore(
+        settings.data_dir / "media", settings.base_url, settings.resolved_auth_secret().encode()
+    )
+
+
 async def _open_blobs(
     settings: Settings, stack: contextlib.AsyncExitStack, local_blobs: LocalBlobStore | None
 ) -> BlobStore:

@@ -410,8 +410,15 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         return orjson.loads(data)
 
     def should_render_graphql_ide(self, request: Any) -> bool:
-        # A GET holding a persisted query's hash and no query is an operation.
-        return super().should_render_graphql_ide(request) and not request.query_params.get("extensions")
+        """A browser opening /graphql gets GraphiQL, also with a `query` parameter (the
+        page's own, as in GraphiQL's classic links); other GETs with one run it. A GET
+        holding a persisted query's hash is an operation; with GraphiQL off (trusted
+        documents) there is no page at all."""
+        if not self.graphql_ide or request.query_params.get("extensions"):
+            return False
+        if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+            return True
+        return bool(super().should_render_graphql_ide(request))
 
     @property
     def graphql_ide_html(self) -> str:

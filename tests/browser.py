@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
 
 from playwright.async_api import Page, Request, Route, WebSocket, async_playwright
@@ -68,18 +69,12 @@ async def _wait_query_parsed(page: Page) -> None:
         )
 
 
-async def run_graphiql_query(
-    base_url: str,
-    query: str,
-    headers: dict[str, str],
-    *,
-    timeout_ms: float = 30_000,
-    screenshot: str | None = None,
-) -> str:
-    """Open ``{base_url}/graphql`` in GraphiQL, run ``query`` with ``headers``, return the response pane text.
+@contextlib.asynccontextmanager
+async def graphiql_page(base_url: str, *, timeout_ms: float = 30_000) -> AsyncIterator[Page]:
+    """A page in a fresh headless Chromium (empty storage), for GraphiQL on ``base_url``.
 
     Raises ``ExternalRequestError`` if the page requested (or opened a WebSocket to) any non-localhost URL;
-    such requests are aborted rather than sent. ``screenshot``, if given, is a path to save a PNG of the page.
+    such requests are aborted rather than sent. A failure inside the block names the page's own errors.
     """
     base_url = base_url.rstrip("/")
     allowed_hosts = LOCAL_HOSTS | {(urlsplit(base_url).hostname or "").lower()}
@@ -116,35 +111,73 @@ async def run_graphiql_query(
             page.on("request", on_request)
             page.on("websocket", on_websocket)
             page.on("pageerror", lambda exc: page_errors.append(str(exc)))
-
             try:
-                await page.goto(f"{base_url}/graphql", wait_until="load")
-                await page.locator(QUERY_EDITOR).first.wait_for(state="visible")
-                await page.locator(RUN_BUTTON).wait_for(state="visible")
-
-                await _set_editor(page, QUERY_EDITOR, query)
-                if await page.locator(HEADERS_EDITOR).count() == 0:
-                    await page.get_by_role("button", name="Headers").click()
-                await _set_editor(page, HEADERS_EDITOR, json.dumps(headers, indent=2))
-
-                await _wait_query_parsed(page)
-                await page.locator(RUN_BUTTON).click()
-                await page.wait_for_function(
-                    """(sel) => {
-                        const el = document.querySelector(sel);
-                        return !!el && !!el.CodeMirror && el.CodeMirror.getValue().trim().length > 0;
-                    }""",
-                    arg=RESPONSE_EDITOR,
-                )
-                text: str = await page.eval_on_selector(RESPONSE_EDITOR, "el => el.CodeMirror.getValue()")
-                if screenshot:
-                    await page.screenshot(path=screenshot)
+                yield page
             except Exception as exc:
                 check_external()
                 if page_errors:
                     raise AssertionError(f"GraphiQL failed; page errors: {page_errors}") from exc
                 raise
             check_external()
-            return text
         finally:
             await browser.close()
+
+
+async def open_graphiql(page: Page, url: str) -> None:
+    """Opens GraphiQL at ``url`` (``/graphql``, with or without parameters) and waits for its editors."""
+    await page.goto(url, wait_until="load")
+    await page.locator(QUERY_EDITOR).first.wait_for(state="visible")
+    await page.locator(RUN_BUTTON).wait_for(state="visible")
+
+
+async def editor_text(page: Page, selector: str) -> str:
+    """The whole text of a CodeMirror editor (the query, headers or response editor)."""
+    if selector == HEADERS_EDITOR and await page.locator(HEADERS_EDITOR).count() == 0:
+        await page.get_by_role("button", name="Headers").click()
+    await page.locator(selector).first.wait_for(state="visible")
+    text: str = await page.eval_on_selector(selector, "el => el.CodeMirror.getValue()")
+    return text
+
+
+async def tab_titles(page: Page) -> list[str]:
+    return [title.strip() for title in await page.locator(".graphiql-tab").all_inner_texts()]
+
+
+async def run_and_read(page: Page, *, timeout_ms: float | None = None) -> str:
+    """Clicks "run" on what the editors hold and returns the response pane's text once it has any."""
+    await page.eval_on_selector(RESPONSE_EDITOR, "el => el.CodeMirror.setValue('')")
+    await _wait_query_parsed(page)
+    await page.locator(RUN_BUTTON).click()
+    await page.wait_for_function(
+        """(sel) => {
+            const el = document.querySelector(sel);
+            return !!el && !!el.CodeMirror && el.CodeMirror.getValue().trim().length > 0;
+        }""",
+        arg=RESPONSE_EDITOR,
+        timeout=timeout_ms,
+    )
+    return await editor_text(page, RESPONSE_EDITOR)
+
+
+async def run_graphiql_query(
+    base_url: str,
+    query: str,
+    headers: dict[str, str],
+    *,
+    timeout_ms: float = 30_000,
+    screenshot: str | None = None,
+) -> str:
+    """Open ``{base_url}/graphql`` in GraphiQL, run ``query`` with ``headers``, return the response pane text.
+
+    ``screenshot``, if given, is a path to save a PNG of the page.
+    """
+    async with graphiql_page(base_url, timeout_ms=timeout_ms) as page:
+        await open_graphiql(page, f"{base_url.rstrip('/')}/graphql")
+        await _set_editor(page, QUERY_EDITOR, query)
+        if await page.locator(HEADERS_EDITOR).count() == 0:
+            await page.get_by_role("button", name="Headers").click()
+        await _set_editor(page, HEADERS_EDITOR, json.dumps(headers, indent=2))
+        text = await run_and_read(page)
+        if screenshot:
+            await page.screenshot(path=screenshot)
+        return text

@@ -672,6 +672,15 @@ def _start_photo_worker() -> None:
     pillow_heif.register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
 
 
+def close_photo_pool() -> None:
+    """Stops the photo processes, if any; the next photo starts new ones. For a
+    process that made photos before it serves (`./dev demo`): a pool left from
+    then is reported as leaked semaphores at exit."""
+    if _photo_pool.cache_info().currsize:
+        _photo_pool().shutdown()
+        _photo_pool.cache_clear()
+
+
 async def _in_photo_process(function: Callable[..., T], *args: Any) -> T:
     loop = asyncio.get_running_loop()
     try:

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ValidationError
+from pydantic import BeforeValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 PREFIX = "MIFAMILIAS_"
@@ -70,6 +70,8 @@ class Settings(BaseSettings):
     keep_original_metadata: bool = False
     trusted_documents: Path | None = None
     allow_introspection: bool | None = None
+    # `./dev demo`: its second capsule unlocks this long after the world is seeded.
+    demo_unlock_seconds: Annotated[float, Field(ge=5)] = 120.0
 
     @classmethod
     def settings_customise_sources(
@@ -125,6 +127,11 @@ class Settings(BaseSettings):
         if self.allow_introspection is not None:
             return self.allow_introspection
         return self.trusted_documents is None
+
+    @property
+    def sqlite_path(self) -> Path:
+        """The embedded store's file."""
+        return self.data_dir / "mifamilias.sqlite3"
 
     @property
     def base_url(self) -> str:
