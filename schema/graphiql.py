@@ -124,14 +124,15 @@ mutation CreateCapsule { createCapsule(input: {familyId: "<family id>", title: "
 mutation ScheduleCapsule { scheduleCapsule(capsuleId: "<capsule id>") { status } }
 
 # as ana
-mutation CreateUploadCapsule { createUpload(input: {familyId: "<family id>", type: TEXT, mimeType: "text/plain",
-  sizeBytes: 24, capsuleId: "<capsule id>"}) { uploadUrl content { id status } } }
+mutation CreateUploadCapsule { createUpload(input: {familyId: "<family id>", type: TEXT,
+  mimeType: "text/plain", sizeBytes: 24, capsuleId: "<capsule id>"}) { uploadUrl content { id status } } }
 
 # as ana
 mutation CompleteUploadCapsule { completeUpload(contentId: "<content id>") { status } }
 
 # as ben
-subscription CapsuleUnlocked { capsuleUnlocked { unlockedAt capsule { title status content { title mediaUrl } } } }
+subscription CapsuleUnlocked { capsuleUnlocked { unlockedAt
+  capsule { title status content { title mediaUrl } } } }
 """
     ),
 )
