@@ -285,7 +285,26 @@ async def probe(path: Path, *, timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -
         )
     if not (result.has_video or result.has_audio or result.has_cover_art):
         raise MediaError("the file contains no audio, video or picture", detail=f"probe found {result}")
+    if not (result.is_still_image or _is_media_container(result.format_name)):
+        raise MediaError(
+            "the file is not in an audio or video format we accept", detail=f"format {result.format_name}"
+        )
     return result
+
+
+# The containers a phone or camera writes. Anything else is refused before ffmpeg
+# converts it: a playlist (HLS, concat, ...) would make ffmpeg read other files of
+# the server's into the output that relatives then download.
+MEDIA_CONTAINERS = frozenset(
+    {
+        "mov", "mp4", "m4a", "3gp", "3g2", "mj2", "matroska", "webm", "avi", "mpegts", "flv",
+        "asf", "ogg", "wav", "w64", "mp3", "flac", "aac", "amr", "aiff", "caf", "wv",
+    }
+)  # fmt: skip
+
+
+def _is_media_container(format_name: str | None) -> bool:
+    return bool(format_name) and all(name in MEDIA_CONTAINERS for name in (format_name or "").split(","))
 
 
 # --------------------------------------------------------------------------------------------

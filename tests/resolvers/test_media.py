@@ -186,6 +186,27 @@ async def test_probe_of_a_file_without_media_raises(tmp_path: Path) -> None:
         await probe(srt)
 
 
+async def test_a_playlist_pointing_at_other_files_is_refused_before_ffmpeg_reads_them(
+    src: dict[str, Path], tmp_path: Path
+) -> None:
+    # An HLS playlist is a video ffmpeg would happily convert, reading the segments it
+    # names from the server's own disk: a way to copy the server's files into a video.
+    segment = tmp_path / "secret.ts"
+    mf._ffmpeg("-i", str(src["tone_video"]), "-c", "copy", "-f", "mpegts", str(segment))
+    text = f"#EXTM3U\n#EXT-X-TARGETDURATION:2\n#EXTINF:1.0,\n{segment}\n#EXT-X-ENDLIST\n"
+    assert (await probe(segment)).format_name == "mpegts"  # the segment alone is fine
+    # Named as the pipeline names an original, libav does not take it for a playlist...
+    original = tmp_path / "original"
+    original.write_text(text)
+    with pytest.raises(MediaError, match=_exactly("the file is not a readable audio, video or image file")):
+        await probe(original)
+    # ...and where it would (a name that says m3u8), the container is refused.
+    playlist = tmp_path / "upload.m3u8"
+    playlist.write_text(text)
+    with pytest.raises(MediaError, match=_exactly("the file is not in an audio or video format we accept")):
+        await probe(playlist)
+
+
 class _Children:
     """Records the child processes the media module starts, in the order started."""
 
