@@ -122,7 +122,7 @@ async def test_a_missing_part_or_a_wrong_size_is_refused_and_changes_nothing(med
     # Nothing was lost: resuming asks for the two short parts again, and then it completes.
     resumed = await resume(api, "ana", content_id)
     assert resumed["receivedParts"] == [3]
-    assert [p["number"] for p in resumed["parts"]] == [1, 2, 3]
+    assert [p["number"] for p in resumed["parts"]] == [1, 2]
     for part in resumed["parts"]:
         assert await put_bytes(api, part["url"], part_of(body, part["number"]), "text/plain") == 200
     assert (await api.ok(COMPLETE, {"id": content_id}, as_="ana"))["completeUpload"]["status"] == "PROCESSING"
