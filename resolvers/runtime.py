@@ -29,6 +29,7 @@ from store.port import Table
 log = logging.getLogger("mifamilias.runtime")
 
 ARCHIVE_SWEEP_SECONDS = 600.0
+UPLOAD_SWEEP_SECONDS = 3600.0
 
 
 async def every(seconds: float, name: str, job: Callable[[], Awaitable[object]]) -> None:
@@ -94,6 +95,12 @@ def _verifier(settings: Settings) -> TokenVerifier:
     return TokenVerifier(
         secret=settings.resolved_auth_secret(), issuer=settings.jwt_issuer, audience=settings.jwt_audience
     )
+
+
+def _sweep_local_uploads(blobs: LocalBlobStore) -> int:
+    """Multipart uploads abandoned for ABANDONED_UPLOAD_DAYS (what S3's lifecycle
+    rule does there) and consumed upload URLs that have expired."""
+    return blobs.sweep_abandoned() + blobs.prune_used()
 
 
 def _check_trusted_proxies(settings: Settings) -> None:
@@ -175,4 +182,15 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
             )
         ),
     ]
+    blobs = services.blobs
+    if isinstance(blobs, LocalBlobStore):
+        tasks.append(
+            asyncio.create_task(
+                every(
+                    UPLOAD_SWEEP_SECONDS,
+                    "abandoned upload sweep",
+                    lambda: asyncio.to_thread(_sweep_local_uploads, blobs),
+                )
+            )
+        )
     stack.push_async_callback(_cancel, tasks)

@@ -159,13 +159,51 @@ class ContentConnection:
     page_info: PageInfo
 
 
+@strawberry.type(
+    description="one part of an upload in parts: an HTTP PUT to url of exactly sizeBytes bytes, "
+    "those of the file from byte (number - 1) * partSizeBytes"
+)
+class UploadPart:
+    number: int
+    url: str
+    size_bytes: int
+
+
 @strawberry.type
 class Upload:
     content: Content
     upload_url: str = strawberry.field(
-        description="where the client sends the bytes: an HTTP PUT of the file body"
+        description="where the client sends the bytes: an HTTP PUT of the file body; for an upload "
+        "in parts (partSizeBytes set), part 1's URL: use parts"
     )
     expires_at: datetime
+    part_size_bytes: int | None = strawberry.field(
+        default=None,
+        description="set when the upload goes in parts (above the server's threshold): the size "
+        "of every part but the last; null for one PUT",
+    )
+    parts: list[UploadPart] | None = strawberry.field(
+        default=None,
+        description="the parts still to send, each with a fresh URL; null for one PUT",
+    )
+    received_parts: list[int] | None = strawberry.field(
+        default=None,
+        description="the numbers of the parts that have arrived whole; null for one PUT",
+    )
+
+    @classmethod
+    def of(cls, target: content_resolvers.UploadTarget) -> Upload:
+        parts = None
+        if target.parts is not None:
+            parts = [UploadPart(number=p.number, url=p.url, size_bytes=p.size_bytes) for p in target.parts]
+        return cls(
+            content=Content(item=target.content),
+            upload_url=target.url,
+            expires_at=target.expires_at,
+            part_size_bytes=target.part_size_bytes,
+            parts=parts,
+            received_parts=list(target.received_parts) if target.received_parts is not None else None,
+        )
 
 
 async def feed_connection(

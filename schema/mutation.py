@@ -108,7 +108,7 @@ class Mutation:
 
     @strawberry.mutation(description="creates the Content in UPLOADING and returns where to send the bytes")
     async def create_upload(self, info: Info, input: CreateUploadInput) -> Upload:
-        content, url, expires_at = await content_resolvers.create_upload(
+        target = await content_resolvers.create_upload(
             info.context,
             family_id=str(input.family_id),
             content_type=input.type.value,
@@ -117,7 +117,14 @@ class Mutation:
             title=input.title,
             capsule_id=str(input.capsule_id) if input.capsule_id is not None else None,
         )
-        return Upload(content=Content(item=content), upload_url=url, expires_at=expires_at)
+        return Upload.of(target)
+
+    @strawberry.mutation(
+        description="the author, while UPLOADING: which parts have arrived and fresh URLs for the "
+        "rest (a fresh uploadUrl for one PUT); an upload in parts left for 2 days starts again"
+    )
+    async def resume_upload(self, info: Info, content_id: strawberry.ID) -> Upload:
+        return Upload.of(await content_resolvers.resume_upload(info.context, str(content_id)))
 
     @strawberry.mutation(
         description="UPLOADING -> PROCESSING once the bytes are there; BAD_USER_INPUT if they are not"

@@ -22,6 +22,18 @@ Keys are relative, `/`-separated paths (`validate_key`): no empty, `.` or `..`
 segment, no segment starting with `.`, no backslash or control character. Both
 adapters apply the same rule so a key that works locally works on S3.
 
+Multipart uploads (large files, resumable): `start_multipart` opens one,
+`part_url` signs a PUT of one part (exactly its size on S3: Content-Length is
+signed; at most its size locally, like single PUT URLs; no Content-Type is
+bound, the type was given when the upload started), `uploaded_parts` lists what
+arrived (S3 `ListParts`), `complete_multipart` assembles the listed parts in
+order into the object, and `abort_multipart` drops them. Parts of an upload
+nobody completes go after `ABANDONED_UPLOAD_DAYS`: an S3 lifecycle rule on a
+bucket this module creates (the deployment's template has the same rule), and
+`LocalBlobStore.sweep_abandoned` locally. The server never holds a part in
+memory: S3 parts go straight to S3, local ones stream to disk, and local
+assembly copies file to file.
+
 Storage classes: `archive` moves an object to GLACIER_IR (instant retrieval:
 it stays downloadable, only cheaper to keep and dearer to read) and `restore`
 moves it back to STANDARD. Both are idempotent. Writing an object again makes
@@ -52,6 +64,10 @@ STANDARD = "STANDARD"
 GLACIER_IR = "GLACIER_IR"
 
 MAX_KEY_BYTES = 1024
+MAX_PARTS = 10_000  # S3's limit; part numbers are 1 to 10,000
+# Parts of a multipart upload left this long after it started are dropped.
+ABANDONED_UPLOAD_DAYS = 2
+ABANDONED_UPLOAD_SECONDS = ABANDONED_UPLOAD_DAYS * 24 * 3600
 _DELETE_BATCH = 1000  # DeleteObjects limit
 _CHUNK = 1 << 20
 
@@ -89,6 +105,26 @@ class BlobTooLarge(BlobError):
     def __init__(self, max_bytes: int) -> None:
         super().__init__(f"body larger than the announced {max_bytes} bytes")
         self.max_bytes = max_bytes
+
+
+class PartsChanged(BlobError):
+    """The parts of a multipart upload changed between listing and completing it."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """A part of a multipart upload that has arrived."""
+
+    number: int
+    size: int
+    etag: str = ""  # S3's, which completing the upload names; empty locally
+
+
+def _check_part(part_number: int, size_bytes: int) -> None:
+    if not 1 <= part_number <= MAX_PARTS:
+        raise ValueError(f"part numbers go from 1 to {MAX_PARTS}")
+    if size_bytes < 0:
+        raise ValueError("size_bytes must not be negative")
 
 
 # Keys ---------------------------------------------------------------------
@@ -149,6 +185,34 @@ class BlobStore(Protocol):
 
     async def storage_class(self, key: str) -> str:
         """ "STANDARD" or "GLACIER_IR"; `BlobNotFound` if missing."""
+        ...
+
+    async def start_multipart(self, key: str, *, content_type: str) -> str:
+        """Open a multipart upload of `key`; returns its id."""
+        ...
+
+    async def part_url(
+        self, key: str, upload_id: str, part_number: int, *, size_bytes: int, expires_in: int
+    ) -> str:
+        """A URL an HTTP PUT of part `part_number` (`size_bytes` long) to stores it.
+
+        Sending a part again replaces it. No Content-Type is needed.
+        """
+        ...
+
+    async def uploaded_parts(self, key: str, upload_id: str) -> list[Part] | None:
+        """The parts that have arrived, by number; None if the upload is no
+        longer open (completed, aborted or cleaned up)."""
+        ...
+
+    async def complete_multipart(self, key: str, upload_id: str, parts: Sequence[Part]) -> None:
+        """Write the object `key` from these parts (as `uploaded_parts` listed
+        them), in order, and close the upload. `BlobNotFound` if the upload is
+        no longer open; `PartsChanged` if a part was replaced since it was listed."""
+        ...
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        """Close the upload and drop its parts; one no longer open is ignored."""
         ...
 
 
@@ -289,6 +353,76 @@ class S3BlobStore:
     async def restore(self, key: str) -> None:
         await self._set_storage_class(key, STANDARD)
 
+    # Multipart
+
+    async def start_multipart(self, key: str, *, content_type: str) -> str:
+        validate_key(key)
+        response = await self._client.create_multipart_upload(
+            Bucket=self.bucket, Key=key, ContentType=content_type
+        )
+        return str(response["UploadId"])
+
+    async def part_url(
+        self, key: str, upload_id: str, part_number: int, *, size_bytes: int, expires_in: int
+    ) -> str:
+        validate_key(key)
+        _check_expiry(expires_in)
+        _check_part(part_number, size_bytes)
+        url = await self._client.generate_presigned_url(
+            "upload_part",
+            Params={
+                "Bucket": self.bucket,
+                "Key": key,
+                "UploadId": upload_id,
+                "PartNumber": part_number,
+                "ContentLength": size_bytes,
+            },
+            ExpiresIn=expires_in,
+        )
+        return str(url)
+
+    async def uploaded_parts(self, key: str, upload_id: str) -> list[Part] | None:
+        validate_key(key)
+        parts: list[Part] = []
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "UploadId": upload_id}
+        while True:
+            try:
+                response = await self._client.list_parts(**params)
+            except Exception as exc:
+                if _error_code(exc) in {"NoSuchUpload", "404", "NoSuchKey"}:
+                    return None
+                raise
+            for found in response.get("Parts") or []:
+                parts.append(Part(int(found["PartNumber"]), int(found["Size"]), str(found["ETag"])))
+            if not response.get("IsTruncated"):
+                return sorted(parts, key=lambda part: part.number)
+            params["PartNumberMarker"] = response["NextPartNumberMarker"]
+
+    async def complete_multipart(self, key: str, upload_id: str, parts: Sequence[Part]) -> None:
+        validate_key(key)
+        try:
+            await self._client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": [{"PartNumber": p.number, "ETag": p.etag} for p in parts]},
+            )
+        except Exception as exc:
+            code = _error_code(exc)
+            if code == "NoSuchUpload":
+                raise BlobNotFound(key) from exc
+            if code in {"InvalidPart", "InvalidPartOrder"}:
+                raise PartsChanged(f"the parts of {key!r} changed: {code}") from exc
+            raise
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        validate_key(key)
+        try:
+            await self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception as exc:
+            if _error_code(exc) not in {"NoSuchUpload", "404"}:
+                raise
+
 
 @contextlib.asynccontextmanager
 async def open_s3_blob_store(
@@ -328,6 +462,22 @@ async def _ensure_bucket(client: Any, bucket: str, region: str) -> None:
     except Exception as exc:
         if _error_code(exc) not in {"BucketAlreadyOwnedByYou"}:
             raise
+        return  # another process made it, rule included
+    # Only on a bucket made here: putting a lifecycle configuration replaces the
+    # whole of it, and an existing bucket's rules are its owner's (the
+    # deployment's template has this rule among its own).
+    await client.put_bucket_lifecycle_configuration(
+        Bucket=bucket,
+        LifecycleConfiguration={"Rules": [ABORT_INCOMPLETE_UPLOADS_RULE]},
+    )
+
+
+ABORT_INCOMPLETE_UPLOADS_RULE: dict[str, Any] = {
+    "ID": "abort-incomplete-multipart-uploads",
+    "Status": "Enabled",
+    "Filter": {"Prefix": ""},
+    "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": ABANDONED_UPLOAD_DAYS},
+}
 
 
 # Local --------------------------------------------------------------------
@@ -345,7 +495,9 @@ class VerifiedUrl:
     expires: int
     nonce: str
     size: int | None  # PUT: the announced size, the most the body may be
-    content_type: str | None  # PUT: the Content-Type the request must carry
+    content_type: str | None  # PUT of a whole object: the Content-Type the request must carry
+    upload_id: str | None = None  # PUT of a part: its multipart upload
+    part: int | None = None  # PUT of a part: its number
 
 
 def _discard(path: Path) -> None:
@@ -371,8 +523,10 @@ class LocalBlobStore:
 
     Layout: `<root>/<key>` for objects, `<root>/.tmp/` for uploads in flight,
     `<root>/.used/<nonce>` for consumed PUT URLs (content: their expiry, so
-    `prune_used` can drop them once they could no longer verify anyway) and
-    `<root>/.archive/<key>` as the marker of a GLACIER_IR object.
+    `prune_used` can drop them once they could no longer verify anyway),
+    `<root>/.archive/<key>` as the marker of a GLACIER_IR object, and
+    `<root>/.multipart/<upload id>/` for a multipart upload: `upload.json` (its
+    key and when it started) and one `part-<n>` file per part that arrived.
     """
 
     def __init__(
@@ -389,26 +543,35 @@ class LocalBlobStore:
         self._tmp = self.root / ".tmp"
         self._used = self.root / ".used"
         self._archive = self.root / ".archive"
-        for directory in (self.root, self._tmp, self._used, self._archive):
+        self._multipart = self.root / ".multipart"
+        for directory in (self.root, self._tmp, self._used, self._archive, self._multipart):
             directory.mkdir(parents=True, exist_ok=True)
 
     # URLs
 
-    def _sign(
-        self, method: str, key: str, expires: int, size: int | None, nonce: str, content_type: str | None
-    ) -> str:
-        return self._signer.get_signature(
-            self._message(method, key, expires, size, nonce, content_type)
-        ).decode()
-
     @staticmethod
     def _message(
-        method: str, key: str, expires: int, size: int | None, nonce: str, content_type: str | None
+        method: str,
+        key: str,
+        expires: int,
+        size: int | None,
+        nonce: str,
+        content_type: str | None,
+        part: tuple[str, int] | None = None,
     ) -> bytes:
-        return json.dumps([method, key, expires, size, nonce, content_type], separators=(",", ":")).encode()
+        signed: list[object] = [method, key, expires, size, nonce, content_type]
+        if part is not None:  # a part's URL signs its upload and number too
+            signed += list(part)
+        return json.dumps(signed, separators=(",", ":")).encode()
 
     def _url(
-        self, method: Method, key: str, expires_in: int, size: int | None, content_type: str | None
+        self,
+        method: Method,
+        key: str,
+        expires_in: int,
+        size: int | None,
+        content_type: str | None,
+        part: tuple[str, int] | None = None,
     ) -> str:
         validate_key(key)
         _check_expiry(expires_in)
@@ -419,8 +582,11 @@ class LocalBlobStore:
             params["size"] = str(size)
         if content_type is not None:
             params["content_type"] = content_type
+        if part is not None:
+            params["upload"], params["part"] = part[0], str(part[1])
         params["nonce"] = nonce
-        params["sig"] = self._sign(method, key, expires, size, nonce, content_type)
+        message = self._message(method, key, expires, size, nonce, content_type, part)
+        params["sig"] = self._signer.get_signature(message).decode()
         return f"{self.base_url}/media/{quote(key, safe='/')}?{urlencode(params)}"
 
     async def upload_url(self, key: str, *, content_type: str, size_bytes: int, expires_in: int) -> str:
@@ -441,13 +607,18 @@ class LocalBlobStore:
             validate_key(key)
         except InvalidBlobKey:
             raise BlobAccessDenied("invalid key") from None
+        part: tuple[str, int] | None = None
         try:
             url_method = query_params["method"]
             expires = int(query_params["expires"])
             nonce = query_params["nonce"]
             sig = query_params["sig"]
             size = int(query_params["size"]) if url_method == "PUT" else None
-            content_type = query_params["content_type"] if url_method == "PUT" else None
+            if url_method == "PUT" and "upload" in query_params:
+                part = (query_params["upload"], int(query_params["part"]))
+                content_type = None
+            else:
+                content_type = query_params["content_type"] if url_method == "PUT" else None
         except (KeyError, ValueError):
             raise BlobAccessDenied("malformed url") from None
         signed_method: Method
@@ -459,7 +630,9 @@ class LocalBlobStore:
             raise BlobAccessDenied("malformed url")
         if not _NONCE.fullmatch(nonce) or (size is not None and size < 0):
             raise BlobAccessDenied("malformed url")
-        message = self._message(signed_method, key, expires, size, nonce, content_type)
+        if part is not None and (not _NONCE.fullmatch(part[0]) or not 1 <= part[1] <= MAX_PARTS):
+            raise BlobAccessDenied("malformed url")
+        message = self._message(signed_method, key, expires, size, nonce, content_type, part)
         if not self._signer.verify_signature(message, sig.encode()):
             raise BlobAccessDenied("bad signature")
         if signed_method != method:
@@ -468,7 +641,9 @@ class LocalBlobStore:
             raise BlobAccessDenied("url expired")
         if signed_method == "PUT" and (self._used / nonce).exists():
             raise BlobAccessDenied("url already used")
-        return VerifiedUrl(signed_method, key, expires, nonce, size, content_type)
+        if part is None:
+            return VerifiedUrl(signed_method, key, expires, nonce, size, content_type)
+        return VerifiedUrl(signed_method, key, expires, nonce, size, None, part[0], part[1])
 
     def claim(self, verified: VerifiedUrl) -> None:
         """Consume a PUT URL: the first caller wins, across processes too (O_EXCL)."""
@@ -523,6 +698,12 @@ class LocalBlobStore:
         raises `BlobTooLarge`. On any failure nothing is left on disk.
         """
         self.path_for(key)
+        return await self._stream_to(stream, max_bytes, lambda tmp: self._commit(tmp, key))
+
+    async def _stream_to(
+        self, stream: AsyncIterator[bytes], max_bytes: int, commit: Callable[[Path], None]
+    ) -> int:
+        """Write `stream` to a temp file chunk by chunk, then `commit` it (in a thread)."""
         fd, name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
         tmp = Path(name)
         total = 0
@@ -535,11 +716,163 @@ class LocalBlobStore:
                     if chunk:
                         await asyncio.to_thread(out.write, chunk)
                 await asyncio.to_thread(_flush_and_sync, out)
-            await asyncio.to_thread(self._commit, tmp, key)
+            await asyncio.to_thread(commit, tmp)
         except BaseException:
             _discard(tmp)
             raise
         return total
+
+    # Multipart
+
+    def _upload_dir(self, key: str, upload_id: str) -> Path:
+        """The open upload's folder; `BlobNotFound` if it is not open (or not `key`'s)."""
+        validate_key(key)
+        folder = self._multipart / upload_id
+        if not _NONCE.fullmatch(upload_id):
+            raise BlobNotFound(key)
+        try:
+            meta = json.loads((folder / "upload.json").read_text())
+        except (OSError, ValueError):
+            raise BlobNotFound(key) from None
+        if meta.get("key") != key:
+            raise BlobNotFound(key)
+        return folder
+
+    def _start_multipart(self, key: str) -> str:
+        upload_id = secrets.token_hex(16)
+        # Made aside and renamed into place, so an open upload always has its upload.json.
+        folder = Path(tempfile.mkdtemp(dir=self._tmp, prefix=".upload-"))
+        try:
+            (folder / "upload.json").write_text(json.dumps({"key": key, "started": self._clock()}))
+            os.rename(folder, self._multipart / upload_id)
+        except BaseException:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return upload_id
+
+    async def start_multipart(self, key: str, *, content_type: str) -> str:
+        # The content type is not kept: GET guesses it from the key's extension.
+        validate_key(key)
+        return await asyncio.to_thread(self._start_multipart, key)
+
+    async def part_url(
+        self, key: str, upload_id: str, part_number: int, *, size_bytes: int, expires_in: int
+    ) -> str:
+        _check_part(part_number, size_bytes)
+        if not _NONCE.fullmatch(upload_id):
+            raise ValueError("not an upload id of this store")
+        return self._url("PUT", key, expires_in, size_bytes, None, (upload_id, part_number))
+
+    async def receive_part(self, verified: VerifiedUrl, stream: AsyncIterator[bytes]) -> int:
+        """Store one part of a multipart upload from `stream` (a verified, claimed
+        part URL); returns its length. Streams to a temp file renamed into the
+        upload's folder at the end, replacing an earlier copy of the part.
+        `BlobTooLarge` over the URL's size; `BlobNotFound` if the upload is not
+        open (before reading, or when the part lands). Nothing is left on failure."""
+        if verified.upload_id is None or verified.part is None or verified.size is None:
+            raise ValueError("not a part url")
+        folder = await asyncio.to_thread(self._upload_dir, verified.key, verified.upload_id)
+        target = folder / f"part-{verified.part}"
+
+        def commit(tmp: Path) -> None:
+            try:
+                os.rename(tmp, target)  # the folder is gone once the upload completed or was dropped
+            except FileNotFoundError:
+                raise BlobNotFound(verified.key) from None
+
+        return await self._stream_to(stream, verified.size, commit)
+
+    def _uploaded_parts(self, key: str, upload_id: str) -> list[Part] | None:
+        try:
+            folder = self._upload_dir(key, upload_id)
+            names = os.listdir(folder)
+        except (BlobNotFound, FileNotFoundError):
+            return None
+        parts = []
+        for name in names:
+            number = name.removeprefix("part-")
+            if name.startswith("part-") and number.isdigit():
+                with contextlib.suppress(FileNotFoundError):
+                    parts.append(Part(int(number), (folder / name).stat().st_size))
+        return sorted(parts, key=lambda part: part.number)
+
+    async def uploaded_parts(self, key: str, upload_id: str) -> list[Part] | None:
+        return await asyncio.to_thread(self._uploaded_parts, key, upload_id)
+
+    def _complete_multipart(self, key: str, upload_id: str, parts: Sequence[Part]) -> None:
+        folder = self._upload_dir(key, upload_id)
+        # Take the folder away first: a part arriving late, or a second
+        # completion, then finds the upload closed instead of changing it.
+        taken = Path(tempfile.mkdtemp(dir=self._tmp, prefix=".assembling-")) / upload_id
+        try:
+            os.rename(folder, taken)
+        except FileNotFoundError:
+            taken.parent.rmdir()
+            raise BlobNotFound(key) from None
+        fd, name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
+        tmp = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for part in parts:
+                    path = taken / f"part-{part.number}"
+                    try:
+                        with path.open("rb") as source:
+                            if os.fstat(source.fileno()).st_size != part.size:
+                                raise PartsChanged(f"part {part.number} of {key!r} changed")
+                            shutil.copyfileobj(source, out, _CHUNK)
+                    except FileNotFoundError:
+                        raise PartsChanged(f"part {part.number} of {key!r} is gone") from None
+                _flush_and_sync(out)
+            self._commit(tmp, key)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            os.rename(taken, folder)  # the upload is open again, as it was
+            taken.parent.rmdir()
+            raise
+        shutil.rmtree(taken.parent, ignore_errors=True)
+
+    async def complete_multipart(self, key: str, upload_id: str, parts: Sequence[Part]) -> None:
+        await asyncio.to_thread(self._complete_multipart, key, upload_id, parts)
+
+    def _abort_multipart(self, key: str, upload_id: str) -> None:
+        try:
+            folder = self._upload_dir(key, upload_id)
+        except BlobNotFound:
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+
+    async def abort_multipart(self, key: str, upload_id: str) -> None:
+        await asyncio.to_thread(self._abort_multipart, key, upload_id)
+
+    def sweep_abandoned(self, max_age_seconds: float = ABANDONED_UPLOAD_SECONDS) -> int:
+        """Drop multipart uploads started more than `max_age_seconds` ago, and
+        temp files (an upload cut off by a crash) untouched that long, as S3's
+        lifecycle rule does for its uploads; returns how many went."""
+        cutoff = self._clock() - max_age_seconds
+        removed = 0
+        for folder in list(self._multipart.iterdir()):
+            try:
+                started = float(json.loads((folder / "upload.json").read_text())["started"])
+            except (OSError, ValueError, KeyError, TypeError):
+                try:
+                    started = folder.stat().st_mtime
+                except FileNotFoundError:
+                    continue
+            if started < cutoff:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed += 1
+        for leftover in list(self._tmp.iterdir()):
+            try:
+                if leftover.stat().st_mtime >= cutoff:
+                    continue
+            except FileNotFoundError:
+                continue
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            else:
+                leftover.unlink(missing_ok=True)
+            removed += 1
+        return removed
 
     async def head(self, key: str) -> int | None:
         path = self.path_for(key)

@@ -167,6 +167,9 @@ class Content(Record):
     reactions: dict[str, int] = field(default_factory=dict)
     # In the family feed (GSI1); capsule content stays out until its capsule opens.
     in_feed: bool = True
+    # An upload in parts: the blob store's multipart upload id and the part size.
+    upload_id: str | None = None
+    part_size_bytes: int | None = None
 
     @property
     def key(self) -> Key:

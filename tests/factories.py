@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from store import items
 
@@ -58,6 +60,59 @@ async def put_bytes(api: Any, url: str, body: bytes, mime: str) -> int:
         async with httpx.AsyncClient() as client:
             response = await client.put(url, content=body, headers=headers)
     return int(response.status_code)
+
+
+async def put_then_drop(api: Any, url: str, body: bytes, sent: int) -> int:
+    """Starts a PUT of `body` and loses the connection after `sent` bytes.
+
+    Local URLs: the app gets the first bytes, then `http.disconnect`, as
+    uvicorn delivers a dropped connection. S3's: a socket that announces the
+    whole length, writes `sent` bytes and shuts its sending side; the answer
+    (moto's 400) is read, so the server is done with the request when this
+    returns. Returns the HTTP status the server gave.
+    """
+    parts = urlsplit(url)
+    headers = [(b"content-length", str(len(body)).encode()), (b"host", parts.netloc.encode())]
+    if url.startswith("http://127.0.0.1:8000/"):
+        chunks = [body[i : min(i + (1 << 20), sent)] for i in range(0, sent, 1 << 20)]
+        status: list[int] = []
+
+        async def receive() -> dict[str, Any]:
+            if chunks:
+                return {"type": "http.request", "body": chunks.pop(0), "more_body": True}
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "PUT",
+            "scheme": "http",
+            "path": unquote(parts.path),
+            "raw_path": parts.path.encode(),
+            "query_string": parts.query.encode(),
+            "headers": headers,
+            "server": ("127.0.0.1", 8000),
+            "client": ("127.0.0.1", 40000),
+            "root_path": "",
+        }
+        await api.app(scope, receive, send)
+        return status[0]
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    try:
+        head = f"PUT {parts.path}?{parts.query} HTTP/1.1\r\n"
+        head += "".join(f"{name.decode()}: {value.decode()}\r\n" for name, value in headers)
+        writer.write(head.encode() + b"connection: close\r\n\r\n" + body[:sent])
+        await writer.drain()
+        writer.write_eof()
+        answer = await reader.read()
+    finally:
+        writer.close()
+    return int(answer.split(b" ", 2)[1])
 
 
 async def start_upload(

@@ -51,6 +51,23 @@ def make_silent_video(
     return out
 
 
+def make_large_video(
+    dir: Path, name: str = "large.mp4", *, size: tuple[int, int] = (640, 480), seconds: float = 3.5
+) -> Path:
+    """A big, valid H.264 MP4 that is quick to make and to convert: lossless
+    frames of a test pattern under temporal noise, about 12 MB a second at
+    640x480 (3.5 s is about 40 MiB). The noise filter's seed is fixed, so the
+    file is the same each time with the same ffmpeg."""
+    out = Path(dir) / name
+    w, h = size
+    _ffmpeg(
+        "-f", "lavfi", "-i", f"testsrc2=size={w}x{h}:rate=25:duration={seconds}",
+        "-vf", "noise=alls=60:allf=t+u",
+        "-c:v", "libx264", "-preset", "ultrafast", "-qp", "0", "-pix_fmt", "yuv420p", "-an", str(out),
+    )  # fmt: skip
+    return out
+
+
 def make_audio_clip(dir: Path, name: str = "tone.wav", *, seconds: float = 1.0) -> Path:
     """A `seconds`-long 440 Hz tone; the container/codec follow the suffix (.wav, .mp3, .m4a...)."""
     out = Path(dir) / name

@@ -21,6 +21,12 @@ PUT, step by step, each refusal leaving nothing on disk:
    (200). A shorter body is accepted: completing the upload checks the exact
    size with `head`.
 
+A part of a multipart upload goes through the same steps with a part URL
+(`upload` and `part` in its query): no Content-Type is checked (S3 binds none
+to a part; the type was given when the upload started), and the body streams
+into the upload's folder as `part-<n>`, replacing an earlier copy. An upload
+that is no longer open (completed, dropped, swept) answers 404.
+
 GET streams the file with a content type guessed from the key's extension,
 404 if there is none, and headers that stop a browser from running uploaded
 HTML or SVG in the app's origin.
@@ -34,7 +40,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from store.blobs import BlobAccessDenied, BlobTooLarge, LocalBlobStore
+from store.blobs import BlobAccessDenied, BlobNotFound, BlobTooLarge, LocalBlobStore
 
 _SAFE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -54,7 +60,10 @@ def media_routes(blobs: LocalBlobStore) -> list[Route]:
             verified = blobs.verify("PUT", key, request.query_params)
         except BlobAccessDenied as exc:
             return _denied(exc)
-        if verified.size is None or request.headers.get("content-type") != verified.content_type:
+        is_part = verified.part is not None
+        if verified.size is None or (
+            not is_part and request.headers.get("content-type") != verified.content_type
+        ):
             return PlainTextResponse("content type does not match the url", status_code=403)
         declared = request.headers.get("content-length")
         if declared is not None and not declared.isdigit():
@@ -66,9 +75,14 @@ def media_routes(blobs: LocalBlobStore) -> list[Route]:
         if declared is not None and int(declared) > verified.size:
             return PlainTextResponse("body larger than announced", status_code=413)
         try:
-            await blobs.receive(key, request.stream(), verified.size)
+            if is_part:
+                await blobs.receive_part(verified, request.stream())
+            else:
+                await blobs.receive(key, request.stream(), verified.size)
         except BlobTooLarge:
             return PlainTextResponse("body larger than announced", status_code=413)
+        except BlobNotFound:
+            return PlainTextResponse("the upload is no longer open", status_code=404)
         except ClientDisconnect:
             return PlainTextResponse("client disconnected", status_code=400)
         return Response(status_code=200)

@@ -30,6 +30,10 @@ class ConfigError(ValueError):
 
 
 DEFAULT_REGION = "us-east-1"
+MIB = 1024 * 1024
+# S3's smallest part (all but the last); the largest keeps part sizes a GraphQL Int.
+MIN_PART_BYTES = 5 * MIB
+MAX_PART_BYTES = 1024 * MIB
 
 
 class Settings(BaseSettings):
@@ -54,6 +58,9 @@ class Settings(BaseSettings):
     allowed_origins: CommaSeparated = ()
     public_url: str | None = None
     max_upload_bytes: int = 500 * 1024 * 1024
+    # Uploads larger than this go in parts of `multipart_part_bytes` (resumable).
+    multipart_threshold_bytes: Annotated[int, Field(ge=0)] = 16 * MIB
+    multipart_part_bytes: Annotated[int, Field(ge=MIN_PART_BYTES, le=MAX_PART_BYTES)] = 8 * MIB
     max_body_bytes: int = 1024 * 1024
     max_query_cost: int = 5_000
     operation_deadline_seconds: float = 10.0

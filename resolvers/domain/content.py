@@ -7,7 +7,7 @@ import asyncio
 import secrets
 import unicodedata
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 import emoji as emoji_data
@@ -19,7 +19,7 @@ from resolvers.core.pagination import ItemPage, query_page
 from resolvers.core.validation import clean_mime_type, clean_optional, clean_text
 from resolvers.domain import access, families, notifications, tags
 from store import keys
-from store.blobs import BlobStore
+from store.blobs import BlobNotFound, BlobStore, Part, PartsChanged
 from store.enums import CapsuleStatus, ContentStatus, ContentType, NotificationType, Role
 from store.items import (
     IN_PIPELINE,
@@ -135,6 +135,76 @@ async def feed_page(ctx: Context, family_id: str, first: int, after: str | None)
 # Uploads ----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class PartTarget:
+    number: int
+    url: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class UploadTarget:
+    """Where a client sends an upload's bytes: one PUT to `url`, or, for an
+    upload in parts, a PUT per part still missing (`parts`; `url` is part 1's)."""
+
+    content: Content
+    url: str
+    expires_at: datetime
+    part_size_bytes: int | None = None
+    parts: tuple[PartTarget, ...] | None = None
+    received_parts: tuple[int, ...] | None = None
+
+
+def part_sizes(size_bytes: int, part_size: int) -> list[int]:
+    """The size of each part, in order: all `part_size` but the last."""
+    count = -(-size_bytes // part_size)
+    return [part_size] * (count - 1) + [size_bytes - part_size * (count - 1)]
+
+
+def _numbers(numbers: list[int]) -> str:
+    """1, 2, 3, 5 -> "1-3, 5"."""
+    runs: list[list[int]] = []
+    for number in numbers:
+        if runs and runs[-1][-1] == number - 1:
+            runs[-1].append(number)
+        else:
+            runs.append([number])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+async def _upload_target(
+    ctx: Context, content: Content, received: tuple[int, ...] | None = None
+) -> UploadTarget:
+    """Fresh URLs: the single PUT's, or those of every part not in `received`."""
+    blobs = blobs_of(ctx)
+    key = original_key(content)
+    expires_at = ctx.services.now() + timedelta(seconds=UPLOAD_URL_SECONDS)
+    if content.upload_id is None or content.part_size_bytes is None:
+        url = await blobs.upload_url(
+            key, content_type=content.mime_type, size_bytes=content.size_bytes, expires_in=UPLOAD_URL_SECONDS
+        )
+        return UploadTarget(content, url, expires_at)
+    received = received or ()
+    upload_id = content.upload_id
+
+    async def target(number: int, size: int) -> PartTarget:
+        url = await blobs.part_url(key, upload_id, number, size_bytes=size, expires_in=UPLOAD_URL_SECONDS)
+        return PartTarget(number, url, size)
+
+    sizes = part_sizes(content.size_bytes, content.part_size_bytes)
+    wanted = [(n, size) for n, size in enumerate(sizes, start=1) if n == 1 or n not in received]
+    made = {p.number: p for p in await asyncio.gather(*(target(n, size) for n, size in wanted))}
+    # The contract makes uploadUrl non-null: for an upload in parts it is part 1's.
+    return UploadTarget(
+        content,
+        made[1].url,
+        expires_at,
+        part_size_bytes=content.part_size_bytes,
+        parts=tuple(made[n] for n, _ in wanted if n not in received),
+        received_parts=received,
+    )
+
+
 def _check_upload(settings_max: int, content_type: str, mime_type: str, size_bytes: int) -> str:
     prefix = MIME_PREFIX.get(content_type)
     if prefix is None:
@@ -156,9 +226,10 @@ async def create_upload(
     size_bytes: int,
     title: str | None,
     capsule_id: str | None,
-) -> tuple[Content, str, datetime]:
+) -> UploadTarget:
     viewer = await ctx.viewer_id()
-    mime = _check_upload(ctx.services.settings.max_upload_bytes, content_type, mime_type, size_bytes)
+    settings = ctx.services.settings
+    mime = _check_upload(settings.max_upload_bytes, content_type, mime_type, size_bytes)
     title = clean_optional(title, "title", MAX_TITLE)
     await asyncio.gather(ctx.check_rate("upload"), families.readable_family(ctx, family_id))
     capsule: Capsule | None = None
@@ -178,6 +249,10 @@ async def create_upload(
         in_feed=capsule is None,
     )
     content = replace(content, s3_key=original_key(content))
+    blobs = blobs_of(ctx)
+    if size_bytes > settings.multipart_threshold_bytes:
+        upload_id = await blobs.start_multipart(original_key(content), content_type=mime)
+        content = replace(content, upload_id=upload_id, part_size_bytes=settings.multipart_part_bytes)
     ops: list[WriteOp] = [Put(content.to_item(), NotExists())]
     if capsule is not None:
         ops.append(
@@ -190,12 +265,86 @@ async def create_upload(
     try:
         await ctx.counted("upload", ctx.table.transact(ops))
     except TransactionCancelled as error:
+        if content.upload_id is not None:
+            await blobs.abort_multipart(original_key(content), content.upload_id)
         raise Conflict("the capsule already has its content or is no longer SCHEDULED") from error
-    expires_at = ctx.services.now() + timedelta(seconds=UPLOAD_URL_SECONDS)
-    url = await blobs_of(ctx).upload_url(
-        original_key(content), content_type=mime, size_bytes=size_bytes, expires_in=UPLOAD_URL_SECONDS
-    )
-    return content, url, expires_at
+    return await _upload_target(ctx, content, ())
+
+
+async def resume_upload(ctx: Context, content_id: str) -> UploadTarget:
+    """The author, while UPLOADING: fresh URLs for what has not arrived. For an
+    upload in parts, the parts that arrived whole are listed and skipped; one
+    whose parts were dropped (abandoned for `ABANDONED_UPLOAD_DAYS`) starts again."""
+    content = await _own_content(ctx, content_id)
+    if content.status != ContentStatus.UPLOADING:
+        raise Conflict(f"the upload is already complete (status {content.status})")
+    if content.upload_id is None or content.part_size_bytes is None:
+        return await _upload_target(ctx, content)
+    blobs = blobs_of(ctx)
+    key = original_key(content)
+    sizes = part_sizes(content.size_bytes, content.part_size_bytes)
+    found = await blobs.uploaded_parts(key, content.upload_id)
+    if found is None:
+        if await blobs.head(key) == content.size_bytes:
+            # Assembled by a completion whose status change did not land: completing again finishes it.
+            return await _upload_target(ctx, content, tuple(range(1, len(sizes) + 1)))
+        content = await _restart_multipart(ctx, content)
+        found = []
+    received = tuple(p.number for p in found if p.number <= len(sizes) and p.size == sizes[p.number - 1])
+    return await _upload_target(ctx, content, received)
+
+
+async def _restart_multipart(ctx: Context, content: Content) -> Content:
+    blobs = blobs_of(ctx)
+    key = original_key(content)
+    upload_id = await blobs.start_multipart(key, content_type=content.mime_type)
+    try:
+        item = await ctx.table.update(
+            Update(
+                content.key,
+                set={"uploadId": upload_id},
+                condition=all_of(eq("status", ContentStatus.UPLOADING), eq("uploadId", content.upload_id)),
+            )
+        )
+    except ConditionFailed as error:
+        await blobs.abort_multipart(key, upload_id)
+        raise Conflict("the upload changed meanwhile; ask again") from error
+    ctx.loaders.remember(item)
+    return Content.from_item(item)
+
+
+async def _assemble_parts(ctx: Context, content: Content, upload_id: str, part_size: int) -> None:
+    """Checks that every part arrived whole, then has the blob store assemble
+    them into the original. Refusals change nothing."""
+    blobs = blobs_of(ctx)
+    key = original_key(content)
+    found = await blobs.uploaded_parts(key, upload_id)
+    if found is None:
+        return  # assembled already, or dropped: the size check that follows tells which
+    sizes = part_sizes(content.size_bytes, part_size)
+    by_number = {p.number: p for p in found}
+    missing = [n for n in range(1, len(sizes) + 1) if n not in by_number]
+    if missing:
+        raise BadInput(
+            f"part(s) {_numbers(missing)} of {len(sizes)} have not arrived; "
+            "resumeUpload gives fresh URLs for them"
+        )
+    parts: list[Part] = [by_number[n] for n in range(1, len(sizes) + 1)]
+    wrong = [p.number for p in parts if p.size != sizes[p.number - 1]]
+    if wrong:
+        total = sum(p.size for p in parts)
+        first = by_number[wrong[0]]
+        raise BadInput(
+            f"the parts hold {total} bytes, but {content.size_bytes} were announced: part "
+            f"{first.number} has {first.size} bytes, not {sizes[first.number - 1]}; send part(s) "
+            f"{_numbers(wrong)} again (resumeUpload gives fresh URLs for them)"
+        )
+    try:
+        await blobs.complete_multipart(key, upload_id, parts)
+    except BlobNotFound:
+        return  # a completion racing this one assembled it; the size check tells
+    except PartsChanged as error:
+        raise BadInput("a part was sent again while the upload was completing; complete it again") from error
 
 
 async def _capsule_for_upload(ctx: Context, capsule_id: str, family_id: str, viewer: str) -> Capsule:
@@ -223,7 +372,14 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
     content = await _own_content(ctx, content_id)
     if content.status != ContentStatus.UPLOADING:
         raise Conflict(f"the upload is already complete (status {content.status})")
+    upload_id, part_size = content.upload_id, content.part_size_bytes
+    if upload_id is not None and part_size is not None:
+        await _assemble_parts(ctx, content, upload_id, part_size)
     size = await blobs_of(ctx).head(original_key(content))
+    if size is None and upload_id is not None:
+        raise BadInput(
+            "the parts were dropped after the upload was left for too long; resumeUpload starts it again"
+        )
     if size is None:
         raise BadInput("the bytes have not arrived: PUT the file to the upload URL first")
     if size != content.size_bytes:
@@ -335,6 +491,8 @@ async def delete_content(ctx: Context, content_id: str) -> bool:
         raise not_found("content") from error
     await ctx.table.batch_write(deletes=[(i["PK"], i["SK"]) for i in children.items if i["SK"] != "META"])
     await blobs_of(ctx).delete([k for k in (content.s3_key, content.media_key, content.thumbnail_key) if k])
+    if content.upload_id is not None and content.status == ContentStatus.UPLOADING:
+        await blobs_of(ctx).abort_multipart(original_key(content), content.upload_id)
     ctx.loaders.forget(content.key)
     return True
 

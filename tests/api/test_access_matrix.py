@@ -376,6 +376,7 @@ def variables_for(
         return by_operation[operation]
     if operation in (
         "completeUpload",
+        "resumeUpload",
         "retryContent",
         "restoreContent",
         "markContentViewed",

@@ -39,6 +39,15 @@ def test_a_bad_value_names_the_variable_and_the_value() -> None:
     assert "MIFAMILIAS_UNLOCK_POLL_SECONDS='soon'" in message
 
 
+def test_parts_are_at_least_s3s_smallest() -> None:
+    settings = Settings.from_env({"MIFAMILIAS_MULTIPART_THRESHOLD_BYTES": "0"})
+    assert settings.multipart_threshold_bytes == 0  # every upload in parts
+    assert settings.multipart_part_bytes == 8 * 1024 * 1024
+    with pytest.raises(ConfigError) as refused:
+        Settings.from_env({"MIFAMILIAS_MULTIPART_PART_BYTES": "1048576"})
+    assert "MIFAMILIAS_MULTIPART_PART_BYTES='1048576'" in str(refused.value)
+
+
 def test_the_command_line_refuses_bad_configuration_without_a_traceback(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "app.py"), "token", "ana"],
