@@ -230,13 +230,7 @@ async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
     content_id = await _killed_mid_transcode(engine, tmp_path)
     second = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="second").start()
     try:
-        seen: list[str] = []
-
-        async def ready() -> bool:
-            seen.append(await _status(second, content_id))
-            return seen[-1] == "READY"
-
-        await until(ready, "the content to be READY after the restart", seconds=180)
+        seen = await _statuses_until_ready(second, content_id, "the content to be READY after the restart")
         assert "FAILED" not in seen
     finally:
         second.stop()
@@ -267,6 +261,18 @@ async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
         await until(lambda: _is(second, content_id, "READY"), "the retried content to be READY", seconds=180)
     finally:
         second.stop()
+
+
+async def _statuses_until_ready(server: ServerProcess, content_id: str, what: str) -> list[str]:
+    """The statuses read, polling with a deadline, until the content is READY."""
+    seen: list[str] = []
+
+    async def ready() -> bool:
+        seen.append(await _status(server, content_id))
+        return seen[-1] == "READY"
+
+    await until(ready, what, seconds=180)
+    return seen
 
 
 async def _is(server: ServerProcess, content_id: str, status: str) -> bool:
@@ -309,13 +315,7 @@ async def test_a_worker_stopped_mid_transcode_hands_its_lease_back(
         first.process.send_signal(signal.SIGTERM)
         await _exited(first)
         assert f"handed back content {content_id}" in first.log()
-        seen: list[str] = []
-
-        async def ready() -> bool:
-            seen.append(await _status(second, content_id))
-            return seen[-1] == "READY"
-
-        await until(ready, "the second process to finish the content", seconds=180)
+        seen = await _statuses_until_ready(second, content_id, "the second process to finish the content")
         assert "FAILED" not in seen
     finally:
         first.stop()
