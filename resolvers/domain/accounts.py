@@ -82,6 +82,9 @@ from store.port import (
 log = logging.getLogger("mifamilias.accounts")
 
 ATTEMPTS = 5
+# The share of the operation deadline a request spends on a deletion before the
+# background takes over: the answer must not be the deadline's error.
+REQUEST_SHARE = 0.5
 # Capsules kept for their recipients: sealed, with content that can still open.
 KEPT_CAPSULES = frozenset({CapsuleStatus.LOCKED, CapsuleStatus.UNLOCKING})
 DISSOLVING = "dissolving"
@@ -108,6 +111,12 @@ def lease_of(ctx: Context) -> timedelta:
     return timedelta(seconds=ctx.services.settings.pipeline_lease_seconds)
 
 
+def budget(ctx: Context) -> float | None:
+    """How long a request may work on a deletion (None: no limit)."""
+    deadline = ctx.services.settings.operation_deadline_seconds
+    return deadline * REQUEST_SHARE if deadline else None
+
+
 # Deciding -------------------------------------------------------------------------
 
 
@@ -117,10 +126,9 @@ async def delete_my_account(ctx: Context) -> bool:
     marker = await _begin(ctx, user_id, owner)
     # From here on this process makes a fresh profile at the person's next request.
     ctx.services.known_users.discard(user_id)
-    deadline = ctx.services.settings.operation_deadline_seconds
     try:
         # Within the request while it fits; what does not is finished in the background.
-        async with asyncio.timeout(deadline / 2 if deadline else None):
+        async with asyncio.timeout(budget(ctx)):
             await finish(ctx, marker, owner)
     except TimeoutError:
         log.info("account %s: the deletion goes on in the background", user_id)
@@ -221,9 +229,12 @@ async def finish_pending(ctx: Context, user_id: str, owner: str) -> bool:
 
 
 async def finish(ctx: Context, marker: AccountDeletion, owner: str) -> None:
-    """Every step, from wherever an earlier run stopped."""
+    """Every step, from wherever an earlier run stopped. Between steps the
+    lease is renewed; a marker gone meanwhile means another run finished, and
+    this one stops (the person may have signed in afresh since)."""
     user_id = marker.user_id
-    await hold(ctx, user_id, owner)
+    if not await hold(ctx, user_id, owner):
+        return
     try:
         for family_id in marker.family_ids:
             await _leave(ctx, user_id, family_id)
@@ -233,15 +244,20 @@ async def finish(ctx: Context, marker: AccountDeletion, owner: str) -> None:
         await ctx.table.delete(marker.key)
         raise
     await _vouches_given(ctx, user_id, marker.family_ids)
-    await hold(ctx, user_id, owner)
+    if not await hold(ctx, user_id, owner):
+        return
     await _capsules_created(ctx, user_id)
     await _capsules_received(ctx, user_id)
-    await hold(ctx, user_id, owner)
+    if not await hold(ctx, user_id, owner):
+        return
     await _tags(ctx, user_id)
     for family_id in marker.family_ids:
-        await hold(ctx, user_id, owner)
+        if not await hold(ctx, user_id, owner):
+            return
         await _family_feed(ctx, user_id, family_id)
-    await _own_partition(ctx, user_id)
+    if not await hold(ctx, user_id, owner):
+        return
+    await _own_partition(ctx, marker)
     await ctx.table.delete(marker.key)
     log.info("account %s deleted", user_id)
 
@@ -502,8 +518,11 @@ async def _delete_children(ctx: Context, content: Content) -> None:
 # 7. The person's own partition ---------------------------------------------------------
 
 
-async def _own_partition(ctx: Context, user_id: str) -> None:
-    found = await footprint.everything(ctx.table, keys.user_pk(user_id))
+async def _own_partition(ctx: Context, marker: AccountDeletion) -> None:
+    """Everything under `USER#<id>` but the marker, and the export files. A
+    profile made after the deletion began belongs to the person's fresh start
+    (another run finished first and they signed in again): it stays."""
+    found = await footprint.everything(ctx.table, keys.user_pk(marker.user_id))
     files = [
         DataExport.from_item(item).blob_key
         for item in found
@@ -511,7 +530,12 @@ async def _own_partition(ctx: Context, user_id: str) -> None:
     ]
     if files:
         await ctx.services.blobs.delete([f for f in files if f])
-    marker = keys.account_deletion(user_id)
-    gone: list[Key] = [(i["PK"], i["SK"]) for i in found if (i["PK"], i["SK"]) != marker]
+    fresh = keys.user(marker.user_id)
+    gone: list[Key] = [
+        (i["PK"], i["SK"])
+        for i in found
+        if (i["PK"], i["SK"]) != marker.key
+        and not ((i["PK"], i["SK"]) == fresh and i.get("createdAt", "") > marker.started_at)
+    ]
     if gone:
         await ctx.table.batch_write(deletes=gone)

@@ -16,6 +16,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from resolvers.core.context import Context
+from resolvers.core.errors import Conflict
 from resolvers.domain import accounts
 from store import keys
 from store.items import AccountDeletion, iso
@@ -33,8 +34,16 @@ class AccountDeletions:
 
     async def finish(self, ctx: Context, user_id: str) -> bool:
         """Finishes the person's deletion now, if one is under way (before
-        their next request makes them a fresh profile)."""
-        return await accounts.finish_pending(ctx, user_id, self.owner)
+        their next request makes them a fresh profile). What does not fit in
+        the request's share of time goes on in the background, and the request
+        is told to come back (CONFLICT)."""
+        try:
+            async with asyncio.timeout(accounts.budget(ctx)):
+                return await accounts.finish_pending(ctx, user_id, self.owner)
+        except TimeoutError:
+            await accounts.release(ctx, user_id, self.owner)
+            self.resume(ctx.services, user_id)
+            raise Conflict("your account is still being deleted; try again in a moment") from None
 
     def resume(self, services: Services, user_id: str) -> None:
         """Finishes the deletion in the background, beside the requests."""
