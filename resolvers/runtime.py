@@ -20,6 +20,8 @@ from resolvers.core.cursors import CursorSigner
 from resolvers.core.persisted import ManifestError, PersistedDocuments, TrustedDocuments, load_manifest
 from resolvers.core.ratelimit import RateLimiter, parse_limits
 from resolvers.domain import capsules
+from resolvers.processes.accounts import AccountDeletions
+from resolvers.processes.exports import ExportBuilder
 from resolvers.processes.live import EventReads
 from resolvers.processes.pipeline import Pipeline
 from resolvers.processes.scheduler import UnlockScheduler
@@ -144,6 +146,10 @@ async def compose(
         table=table, blobs=blobs, broker=broker, settings=settings, clock=clock, transcriber=transcriber
     )
     stack.push_async_callback(pipeline.stop)
+    exports = ExportBuilder(table=table, blobs=blobs, settings=settings, clock=clock)
+    stack.push_async_callback(exports.stop)
+    accounts = AccountDeletions()
+    stack.push_async_callback(accounts.stop)
     return Services(
         settings=settings,
         table=table,
@@ -156,16 +162,19 @@ async def compose(
         scheduler=UnlockScheduler(table=table, broker=broker, settings=settings, clock=clock),
         event_reads=EventReads(),
         persisted=PersistedDocuments(table, clock, trusted=trusted),
+        exports=exports,
+        accounts=accounts,
         transcriber=transcriber,
         clock=clock,
     )
 
 
 async def start_background(services: Services, stack: contextlib.AsyncExitStack) -> None:
-    """The pipeline's workers, the unlock scheduler and the sweeps, until the stack closes."""
+    """The workers (pipeline, exports), the unlock scheduler and the sweeps, until the stack closes."""
     settings = services.settings
     pipeline, scheduler = services.pipeline, services.scheduler
     await pipeline.start()
+    await services.exports.start()
 
     async def archive_capsules() -> int:
         return await capsules.archive_viewed(services.table, services.now(), settings.capsule_retention_days)
@@ -179,6 +188,17 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
                 ARCHIVE_SWEEP_SECONDS,
                 "archive sweep",
                 lambda: pipeline.archive_due(settings.archive_after_days),
+            )
+        ),
+        asyncio.create_task(
+            every(settings.pipeline_recovery_seconds, "export recovery", services.exports.recover)
+        ),
+        asyncio.create_task(every(ARCHIVE_SWEEP_SECONDS, "export expiry sweep", services.exports.sweep)),
+        asyncio.create_task(
+            every(
+                settings.pipeline_recovery_seconds,
+                "account deletion sweep",
+                lambda: services.accounts.sweep(services),
             )
         ),
     ]

@@ -73,3 +73,10 @@ class NotificationType(Enum):
         store_enums.NotificationType.CAPSULE_EMPTY.value,
         description="to a capsule's creator: its date came with no content, so it stays closed",
     )
+
+
+@strawberry.enum(description="Where a data export is: being built, ready to download, or failed.")
+class DataExportStatus(Enum):
+    PENDING = store_enums.ExportStatus.PENDING.value
+    READY = store_enums.ExportStatus.READY.value
+    FAILED = store_enums.ExportStatus.FAILED.value

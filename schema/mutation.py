@@ -4,9 +4,10 @@ from datetime import datetime
 
 import strawberry
 
-from resolvers.domain import capsules, families, notifications, users
+from resolvers.domain import accounts, capsules, exports, families, notifications, users
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import tags as tag_resolvers
+from schema.account import DataExport
 from schema.capsule import Capsule
 from schema.common import Info
 from schema.content import Comment, Content, Upload
@@ -214,3 +215,16 @@ class Mutation:
             info.context, str(content_id), values, set_name, bool(private)
         )
         return [Tag(item=tag, content_item=content) for tag in written]
+
+    @strawberry.mutation(
+        description="starts building a zip of the viewer's data (DataExport.status PENDING); at most 3 a day"
+    )
+    async def request_data_export(self, info: Info) -> DataExport:
+        return DataExport(item=await exports.request_export(info.context))
+
+    @strawberry.mutation(
+        description="deletes the viewer's account and what they put in (see the README); "
+        "CONFLICT while they are the last ADMIN of a family with other members. Idempotent"
+    )
+    async def delete_my_account(self, info: Info) -> bool:
+        return await accounts.delete_my_account(info.context)

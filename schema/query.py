@@ -3,9 +3,10 @@ from __future__ import annotations
 import strawberry
 
 from resolvers.core.pagination import page_size
-from resolvers.domain import capsules, families, notifications, users
+from resolvers.domain import capsules, exports, families, notifications, users
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import tags as tag_resolvers
+from schema.account import DataExport
 from schema.capsule import Capsule, CapsuleConnection, capsule_connection
 from schema.common import Info, PageInfo
 from schema.content import Content
@@ -101,3 +102,9 @@ class Query:
     async def tag_status(self, info: Info, family_id: strawberry.ID, set_name: str) -> TagStatus:
         anyone, viewer = await tag_resolvers.tag_status(info.context, str(family_id), set_name)
         return TagStatus(tagged_by_anyone=anyone, tagged_by_viewer=viewer)
+
+    @strawberry.field(
+        description="one of the viewer's data exports; NOT_FOUND for anyone else's, or once expired"
+    )
+    async def data_export(self, info: Info, id: strawberry.ID) -> DataExport | None:
+        return DataExport(item=await exports.load_export(info.context, str(id)))

@@ -55,3 +55,9 @@ class NotificationType(StrEnum):
     MEMBER_JOINED = "MEMBER_JOINED"
     MEMBER_PENDING = "MEMBER_PENDING"
     CAPSULE_EMPTY = "CAPSULE_EMPTY"
+
+
+class ExportStatus(StrEnum):
+    PENDING = "PENDING"
+    READY = "READY"
+    FAILED = "FAILED"

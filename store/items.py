@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from store import keys
 from store.codec import Record
-from store.enums import CapsuleStatus, ContentStatus
+from store.enums import CapsuleStatus, ContentStatus, ExportStatus
 from store.port import TTL_ATTRIBUTE, Item, Key, Update, eq
 
 
@@ -360,3 +360,56 @@ class PersistedDocument(Record):
     @property
     def key(self) -> Key:
         return keys.persisted_document(self.sha256)
+
+
+@dataclass(frozen=True)
+class AccountDeletion(Record):
+    """An account deletion under way (`USER#<id>` / `DELETING`). The families
+    are those the person belonged to when it was decided: once the memberships
+    are gone, nothing else would lead back to them."""
+
+    user_id: str
+    started_at: str
+    family_ids: tuple[str, ...] = ()
+    # Who is working on it, and until when (the sweep takes it over afterwards).
+    lease_until: str | None = None
+    lease_owner: str | None = None
+
+    @property
+    def key(self) -> Key:
+        return keys.account_deletion(self.user_id)
+
+    def index_keys(self) -> Item:
+        gsi2pk, gsi2sk = keys.account_deletion_gsi2(self.started_at, self.user_id)
+        return {"GSI2PK": gsi2pk, "GSI2SK": gsi2sk}
+
+
+@dataclass(frozen=True)
+class DataExport(Record):
+    """A person's data export. `expires_at` (Unix seconds) is the table's TTL
+    attribute, a day after `available_until`, so the expiry sweep deletes the
+    file before DynamoDB deletes the item."""
+
+    RENAMED: ClassVar[Mapping[str, str]] = {"expires_at": TTL_ATTRIBUTE}
+
+    user_id: str
+    id: str
+    status: str  # a store.enums.ExportStatus
+    requested_at: str
+    expires_at: int
+    # When the export goes (READY or FAILED): the download's end.
+    available_until: str | None = None
+    blob_key: str | None = None
+    ready_at: str | None = None
+    failure_reason: str | None = None
+
+    @property
+    def key(self) -> Key:
+        return keys.data_export(self.user_id, self.id)
+
+    def index_keys(self) -> Item:
+        if self.status == ExportStatus.PENDING:
+            gsi2pk, gsi2sk = keys.export_pending_gsi2(self.requested_at, self.id)
+        else:
+            gsi2pk, gsi2sk = keys.export_expiry_gsi2(self.available_until or self.requested_at, self.id)
+        return {"GSI2PK": gsi2pk, "GSI2SK": gsi2sk}

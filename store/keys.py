@@ -247,6 +247,43 @@ def tagset_user(family_id: str, set_name: str, user_id: str) -> Key:
     return (f"TAGSET#{family_id}#{set_name}", f"USER#{user_id}")
 
 
+# Leaving with your data (issue 15) ---------------------------------------------
+
+
+def account_deletion(user_id: str) -> Key:
+    """The marker of an account deletion under way: present from the moment it is
+    decided until its last step, so a later call, a sign-in or a sweep finishes it."""
+    return (f"USER#{user_id}", "DELETING")
+
+
+ACCOUNT_DELETIONS_PK = "ACCOUNT_DELETIONS"
+
+
+def account_deletion_gsi2(started_at: str, user_id: str) -> tuple[str, str]:
+    """Deletions under way, for the sweep that finishes abandoned ones."""
+    return (ACCOUNT_DELETIONS_PK, f"{started_at}#{user_id}")
+
+
+def data_export(user_id: str, export_id: str) -> Key:
+    """Under its owner: another person's id never reaches it."""
+    return (f"USER#{user_id}", f"EXPORT#{export_id}")
+
+
+EXPORT_PREFIX = "EXPORT#"
+EXPORTS_PENDING_PK = "EXPORTS_PENDING"
+EXPORTS_EXPIRY_PK = "EXPORTS_EXPIRY"
+
+
+def export_pending_gsi2(requested_at: str, export_id: str) -> tuple[str, str]:
+    """Exports still to build, for the recovery pass."""
+    return (EXPORTS_PENDING_PK, f"{requested_at}#{export_id}")
+
+
+def export_expiry_gsi2(available_until: str, export_id: str) -> tuple[str, str]:
+    """Built (or failed) exports by the end of their life, for the expiry sweep."""
+    return (EXPORTS_EXPIRY_PK, f"{available_until}#{export_id}")
+
+
 # Persisted operations ---------------------------------------------------------
 
 

@@ -18,13 +18,15 @@ from resolvers.core.errors import ApiError, Unauthenticated
 from resolvers.core.loaders import Loaders
 from resolvers.core.persisted import PersistedDocuments
 from resolvers.core.ratelimit import RateLimiter, client_address
-from store import items
+from store import items, keys
 from store.port import ConditionFailed, NotExists, Table
 
 if TYPE_CHECKING:
     # Built above this module (they use it); named here for their types only.
     from resolvers.adapters.broker import Broker
     from resolvers.adapters.transcribe import Transcriber
+    from resolvers.processes.accounts import AccountDeletions
+    from resolvers.processes.exports import ExportBuilder
     from resolvers.processes.live import EventReads
     from resolvers.processes.pipeline import Pipeline
     from resolvers.processes.scheduler import UnlockScheduler
@@ -58,6 +60,11 @@ class KnownUsers:
         if len(self._ids) > self.capacity:
             self._ids.popitem(last=False)
 
+    def discard(self, user_id: str) -> None:
+        """Forgets one person (their account was deleted): their next request
+        checks the profile again."""
+        self._ids.pop(user_id, None)
+
 
 @dataclass(frozen=True)
 class Services:
@@ -75,6 +82,8 @@ class Services:
     scheduler: UnlockScheduler
     event_reads: EventReads
     persisted: PersistedDocuments
+    exports: ExportBuilder
+    accounts: AccountDeletions
     transcriber: Transcriber | None = None
     clock: Callable[[], datetime] = utc_now
     known_users: KnownUsers = field(default_factory=KnownUsers)
@@ -182,7 +191,14 @@ class Context:
         return user_id
 
     async def _ensure_user(self, claims: Claims) -> None:
-        existing = await self.loaders.item.load(items.User(claims.sub, "").key)
+        # A deletion under way (its marker, read in the same batch) is finished
+        # first; the person then starts again with a fresh profile.
+        existing, deleting = await self.loaders.many(
+            [keys.user(claims.sub), keys.account_deletion(claims.sub)]
+        )
+        if deleting is not None:
+            await self.services.accounts.finish(self, claims.sub)
+            existing = None
         if existing is not None:
             return
         user = items.User(

@@ -38,6 +38,8 @@ DEFAULT_LIMITS: Mapping[str, Limit] = {
     "reaction": Limit(120, 60),
     "upload": Limit(60, 3600),
     "capsule": Limit(30, 3600),
+    # Data exports: each reads everything a person has and copies their media.
+    "export": Limit(3, 24 * 3600),
     # Wrong invite codes from one client address, whoever is signed in.
     "join-address": Limit(30, 600),
 }

@@ -23,7 +23,17 @@ from resolvers.core.context import Context
 from resolvers.core.errors import Forbidden, NotFound, not_found
 from store import keys
 from store.enums import CapsuleStatus, Role
-from store.items import Capsule, Comment, Content, Family, Membership, Notification, Recipient, Tag
+from store.items import (
+    Capsule,
+    Comment,
+    Content,
+    DataExport,
+    Family,
+    Membership,
+    Notification,
+    Recipient,
+    Tag,
+)
 
 READERS = frozenset({Role.ADMIN, Role.MEMBER})
 # Recipients may know of a capsule once it is scheduled, and never while it is
@@ -40,7 +50,7 @@ VISIBLE_TO_RECIPIENTS = frozenset(
 )
 OPEN = frozenset({CapsuleStatus.AVAILABLE, CapsuleStatus.VIEWED, CapsuleStatus.ARCHIVED})
 
-Record = Family | Membership | Content | Capsule | Comment | Recipient | Tag | Notification
+Record = Family | Membership | Content | Capsule | Comment | Recipient | Tag | Notification | DataExport
 R = TypeVar("R", bound=Record)
 
 # The record types the read guard checks, and the word a refusal uses.
@@ -53,6 +63,7 @@ GUARDED: dict[type, str] = {
     Recipient: "capsule",
     Tag: "tag",
     Notification: "notification",
+    DataExport: "export",
 }
 
 
@@ -128,7 +139,7 @@ async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
 
 async def _decide(ctx: Context, record: Record) -> bool:
     viewer = await ctx.viewer_id()
-    if isinstance(record, Notification):
+    if isinstance(record, Notification | DataExport):
         return record.user_id == viewer
     if isinstance(record, Family):
         return await membership(ctx, record.id) is not None

@@ -367,6 +367,10 @@ async def _leave(ctx: Context, family: Family, target: Membership) -> None:
     ctx.loaders.forget(target.key, family.key)
 
 
+# Deleting an account leaves each family this very way.
+leave_as = _leave
+
+
 async def remove_member(ctx: Context, family_id: str, user_id: str) -> bool:
     family, _ = await admin_family(ctx, family_id)
     target = await load_membership(ctx, family_id, user_id)

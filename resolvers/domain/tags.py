@@ -401,6 +401,16 @@ async def _replace(
 # Deleting content ---------------------------------------------------------------------
 
 
+async def remove_author(ctx: Context, content: Content, author_id: str) -> bool:
+    """Removes one author's tags from the content, summary and markers kept in
+    step as `setTags` with no values keeps them; False when they had none there."""
+    summary = summary_of(await ctx.table.get(keys.content_tags(content.id)), content)
+    if not any(tag.author_id == author_id for tag in summary.tags):
+        return False
+    await _replace(ctx, content, author_id, [], None, False)
+    return True
+
+
 async def cleanup_ops(ctx: Context, content: Content) -> list[WriteOp]:
     """The ops that remove the content's tags and keep the markers in step, for
     the content's own delete transaction. They are conditioned on the summary's

@@ -15,11 +15,15 @@ from store.port import ConditionFailed, Exists, Update
 MAX_NAME = 100
 
 
+# What a person whose account was deleted reads as, where something of theirs
+# stays (a sealed capsule opening for its recipients): their id and nothing else.
+DELETED_USER_CREATED_AT = "1970-01-01T00:00:00.000000Z"
+
+
 async def load_user(ctx: Context, user_id: str) -> User:
     item = await ctx.loaders.item.load(keys.user(user_id))
     if item is None:
-        # Users are never deleted; a dangling id means data went missing.
-        raise NotFound("user not found")
+        return User(id=user_id, created_at=DELETED_USER_CREATED_AT)
     return User.from_item(item)
 
 
@@ -29,7 +33,17 @@ def email_for_viewer(ctx: Context, user: User) -> str | None:
 
 
 async def me(ctx: Context) -> User:
-    return await load_user(ctx, await ctx.viewer_id())
+    viewer = await ctx.viewer_id()
+    item = await ctx.loaders.item.load(keys.user(viewer))
+    if item is None:
+        # Deleted since this process last checked: a fresh profile, as at a first request.
+        ctx.services.known_users.discard(viewer)
+        ctx.loaders.forget(keys.user(viewer))
+        viewer = await ctx.viewer_id()
+        item = await ctx.loaders.item.load(keys.user(viewer))
+        if item is None:
+            raise NotFound("user not found")
+    return User.from_item(item)
 
 
 async def user(ctx: Context, user_id: str) -> User:

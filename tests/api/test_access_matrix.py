@@ -307,6 +307,11 @@ async def build_world(api: Api) -> World:
     for key in ("A.note", "A.note2", "A.opened", "A.comment"):
         world.markers[world.ids[key]] = set(READERS_A)
 
+    # mem's data export: its owner's alone.
+    export = await api.ok("mutation { requestDataExport { id } }", as_="mem")
+    world.ids["export"] = export["requestDataExport"]["id"]
+    world.markers[world.ids["export"]] = {"mem"}
+
     # Each signed-in role also creates a capsule in a family of its own, whose
     # event is the sentinel that shows another event was not delivered.
     for role, user in USERS.items():
@@ -337,6 +342,7 @@ def variables_for(
         "myTags": {"prefix": ""},
         "tagStatus": {"familyId": family, "setName": "SetSealed" if target == "A" else "SetA"},
         "contentStatusChanged": {"contentId": ids.get(target)},
+        "dataExport": {"id": ids.get(target)},
         "updateProfile": {"input": {}},
         "createFamily": {"input": {"name": "Otra familia", "trustLevel": "OPEN", "vouchThreshold": 1}},
         "markNotificationsRead": {"ids": None},
