@@ -95,7 +95,9 @@ def create_app(
             return JSONResponse({"status": "unavailable"}, status_code=503)
         return JSONResponse({"status": "ok"})
 
-    graphql = MiFamiliasGraphQL(services, max_body_bytes=settings.max_body_bytes)
+    graphql = MiFamiliasGraphQL(
+        services, max_body_bytes=settings.max_body_bytes, keepalive_seconds=settings.keepalive_seconds
+    )
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
         Route("/graphql", graphql, methods=["GET", "POST"]),

@@ -7,12 +7,15 @@ our refusals and our limits.
   a body that is not a JSON object, a subscription without a streaming Accept,
   an unsupported content type. No refusal is a plain-text page or a 500.
 - On both WebSocket protocols, a frame that is not a well-formed message closes
-  the socket with 4400, and the connection closes when its token expires.
+  the socket with 4400, the server keeps an idle socket alive (`ping` or `ka`),
+  and the connection closes when its token expires; queries and mutations run
+  over both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -30,6 +33,7 @@ from strawberry.exceptions import ConnectionRejectionError
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
+from strawberry.types.graphql import OperationType
 
 from resolvers.core.context import Context, Services
 
@@ -134,10 +138,26 @@ class _Guarded:
 
 
 class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None]):
-    """graphql-transport-ws: an expired token closes with 4403 "token expired"."""
+    """graphql-transport-ws: an expired token closes with 4403 "token expired";
+    the server sends a `ping` every keep-alive interval."""
+
+    pinger: asyncio.Task[None] | None = None
 
     async def _expire(self) -> None:
         await self.websocket.close(code=4403, reason="token expired")
+
+    async def handle_connection_init(self, message: Any) -> None:
+        await super().handle_connection_init(message)
+        if self.connection_acknowledged and self.pinger is None:
+            self.pinger = asyncio.create_task(self._ping(float(self.view.keep_alive_interval or 12)))
+
+    async def _ping(self, interval: float) -> None:
+        """Strawberry answers pings but sends none; proxies close sockets that
+        stay silent, so the server speaks first."""
+        with contextlib.suppress(Exception):  # the socket went away: nothing to keep alive
+            while True:
+                await asyncio.sleep(interval)
+                await self.send_message({"type": "ping"})
 
     async def handle_subscribe(self, message: Any) -> None:
         if not await self._expired():
@@ -145,12 +165,35 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
 
     async def shutdown(self) -> None:
         self._stop_watching()
+        if self.pinger is not None:
+            self.pinger.cancel()
         await super().shutdown()
+
+
+class _AnyOperation:
+    """The schema as the legacy handler sees it: its `subscribe` runs queries
+    and mutations too (one `data`, then `complete`), where Strawberry's allows
+    subscriptions only."""
+
+    def __init__(self, schema: Any) -> None:
+        self._schema = schema
+
+    async def subscribe(self, query: str | None, **kwargs: Any) -> Any:
+        return await self._schema.stream(
+            query,
+            **kwargs,
+            allowed_operation_types=(OperationType.QUERY, OperationType.MUTATION, OperationType.SUBSCRIPTION),
+        )
 
 
 class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
     """subscriptions-transport-ws (graphql-ws): an expired token gets
-    `connection_error`, then the close."""
+    `connection_error`, then the close; the server sends `ka` every keep-alive
+    interval (Strawberry's `keep_alive`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.schema = _AnyOperation(self.schema)  # type: ignore[assignment]
 
     async def _expire(self) -> None:
         await self.send_message({"type": "connection_error", "payload": {"message": "token expired"}})
@@ -192,14 +235,21 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = TransportWSHandler
     graphql_ws_handler_class = LegacyWSHandler
 
-    def __init__(self, services_ref: Callable[[], Services], *, max_body_bytes: int, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        services_ref: Callable[[], Services],
+        *,
+        max_body_bytes: int,
+        keepalive_seconds: float = 12.0,
+        **kwargs: Any,
+    ) -> None:
         from schema import schema
 
         super().__init__(
             schema,
             subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
             keep_alive=True,
-            keep_alive_interval=15,
+            keep_alive_interval=keepalive_seconds,
             connection_init_wait_timeout=timedelta(seconds=10),
             **kwargs,
         )
