@@ -7,9 +7,10 @@ our refusals and our limits.
   a body that is not a JSON object, a subscription without a streaming Accept,
   an unsupported content type. No refusal is a plain-text page or a 500.
 - On both WebSocket protocols, a frame that is not a well-formed message closes
-  the socket with 4400, the server keeps an idle socket alive (`ping` or `ka`),
-  and the connection closes when its token expires; queries and mutations run
-  over both.
+  the socket with 4400; the socket signs in with the token wherever its client
+  puts it (`schema/socket_auth.py`), a refusal's close says why, the server
+  keeps an idle socket alive (`ping` or `ka`), and the connection closes when
+  its token expires; queries and mutations run over both.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWS
 from strawberry.types.graphql import OperationType
 
 from resolvers.core.context import Context, Services
+from schema import socket_auth
 
 log = logging.getLogger("mifamilias.transport")
 
@@ -101,16 +103,26 @@ def _well_formed(message: object) -> bool:
 
 class _Guarded:
     """What both WebSocket protocols share: a malformed frame closes the socket
-    with 4400, and the connection ends when its token expires (`_expire`, per
-    protocol), with nothing run on it after that."""
+    with 4400; `connection_init` signs in with the token wherever the client
+    put it, and a refusal closes the socket saying why (`_refuse`, per
+    protocol); the connection ends when its token expires, with nothing run on
+    it after that."""
 
     context: Context
     websocket: Any
     connection_acknowledged: bool
     expiry: asyncio.Task[None] | None = None
 
-    async def _expire(self) -> None:
+    async def _refuse(self, reason: str) -> None:
         raise NotImplementedError
+
+    def _may_sign_in(self, message: Any) -> bool:
+        """Whether this `connection_init` is the protocol's to refuse first
+        (a payload of the wrong shape, a second init)."""
+        raise NotImplementedError
+
+    async def _expire(self) -> None:
+        await self._refuse(socket_auth.EXPIRED)
 
     # Both protocols' handlers name these two hooks alike; `super()` reaches the
     # protocol's own handler, which comes after this class in the MRO.
@@ -122,6 +134,11 @@ class _Guarded:
         await super().handle_message(message)  # type: ignore[misc]
 
     async def handle_connection_init(self, message: Any) -> None:
+        if self._may_sign_in(message):
+            reason = await socket_auth.sign_in(self.context, message.get("payload") or {})
+            if reason is not None:
+                await self._refuse(reason)
+                return
         await super().handle_connection_init(message)  # type: ignore[misc]
         if self.connection_acknowledged and self.expiry is None:
             self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
@@ -138,13 +155,20 @@ class _Guarded:
 
 
 class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None]):
-    """graphql-transport-ws: an expired token closes with 4403 "token expired";
-    the server sends a `ping` every keep-alive interval."""
+    """graphql-transport-ws: a refused sign-in, or an expired token, closes with
+    4403 and the reason; the server sends a `ping` every keep-alive interval."""
 
     pinger: asyncio.Task[None] | None = None
 
-    async def _expire(self) -> None:
-        await self.websocket.close(code=4403, reason="token expired")
+    def _may_sign_in(self, message: Any) -> bool:
+        return (
+            isinstance(message.get("payload", {}), dict)
+            and not self.connection_init_received
+            and not self.connection_timed_out
+        )
+
+    async def _refuse(self, reason: str) -> None:
+        await self.websocket.close(code=socket_auth.close_code(reason), reason=reason)
 
     async def handle_connection_init(self, message: Any) -> None:
         await super().handle_connection_init(message)
@@ -187,17 +211,28 @@ class _AnyOperation:
 
 
 class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
-    """subscriptions-transport-ws (graphql-ws): an expired token gets
-    `connection_error`, then the close; the server sends `ka` every keep-alive
-    interval (Strawberry's `keep_alive`)."""
+    """subscriptions-transport-ws (graphql-ws): a refused sign-in, or an expired
+    token, gets `connection_error` with the reason, then a close with it; the
+    server sends `ka` every keep-alive interval (Strawberry's `keep_alive`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.schema = _AnyOperation(self.schema)  # type: ignore[assignment]
 
-    async def _expire(self) -> None:
-        await self.send_message({"type": "connection_error", "payload": {"message": "token expired"}})
-        await self.websocket.close(code=4403, reason="token expired")
+    def _may_sign_in(self, message: Any) -> bool:
+        return isinstance(message.get("payload"), dict | None)
+
+    async def _refuse(self, reason: str) -> None:
+        await self.send_message({"type": "connection_error", "payload": {"message": reason}})
+        await self.websocket.close(code=socket_auth.close_code(reason), reason=reason)
+
+    async def handle_connection_init(self, message: Any) -> None:
+        if self.connection_acknowledged:
+            # Strawberry would sign in again (another person on the same
+            # subscriptions) and start a second keep-alive: one init per socket.
+            await self.websocket.close(code=4429, reason="Too many initialisation requests")
+            return
+        await super().handle_connection_init(message)
 
     async def handle_start(self, message: Any) -> None:
         if not await self._expired():
@@ -330,17 +365,8 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         return context
 
     async def on_ws_connect(self, context: Context) -> Any:
-        params = context.connection_params or {}
-        authorization = params.get("Authorization") or params.get("authorization")
-        if not isinstance(authorization, str):
-            raise ConnectionRejectionError({"message": "sign in: send Authorization in connection_init"})
-        await context.authenticate(authorization)
-        if context.claims is None:
-            message = context.auth_error.message if context.auth_error else "not signed in"
-            raise ConnectionRejectionError({"message": message})
-        try:
-            await context.viewer_id()
-        except Exception as error:  # the store is down: refuse rather than half-open
-            log.exception("could not load the viewer for a WebSocket (request %s)", context.request_id)
-            raise ConnectionRejectionError({"message": "try again later"}) from error
+        # The handlers signed the socket in before this (`_Guarded`), where
+        # they can say why they refuse; this only makes sure of it.
+        if context.signed_in_error() is not None:
+            raise ConnectionRejectionError({"message": socket_auth.NOT_VALID})
         return None

@@ -1,6 +1,7 @@
 """Every way to subscribe, against a real server process over real sockets:
-the server's keep-alives on both WebSocket protocols, and queries and
-mutations over the legacy one.
+the server's keep-alives on both WebSocket protocols, queries and mutations
+over the legacy one, and how a socket signs in (each place clients put the
+token) or is refused (and why).
 
 The server beats every half second, so that keep-alives are seen without
 waiting long."""
@@ -14,6 +15,8 @@ from typing import Any
 
 import pytest
 import websockets
+from gql import Client, GraphQLRequest
+from gql.transport.websockets import WebsocketsTransport
 from websockets.typing import Subprotocol
 
 from resolvers.core.auth import mint_token
@@ -86,6 +89,97 @@ async def connect(
     socket = Socket(connection)
     await socket.send({"type": "connection_init"} | ({} if payload is None else {"payload": payload}))
     return socket
+
+
+async def whoami(socket: Socket, protocol: Subprotocol) -> str:
+    start = "subscribe" if protocol == TRANSPORT_WS else "start"
+    await socket.send({"id": "me", "type": start, "payload": {"query": "{ me { id } }"}})
+    while (message := await socket.receive())["type"] in ("ka", "ping"):
+        pass
+    assert message["type"] in ("next", "data"), message
+    found: str = message["payload"]["data"]["me"]["id"]
+    return found
+
+
+# Socket sign-in ---------------------------------------------------------------------------
+
+SHAPES = [
+    pytest.param(lambda t: {"Authorization": f"Bearer {t}"}, id="Authorization"),
+    pytest.param(lambda t: {"Authorization": t}, id="Authorization-without-Bearer"),
+    pytest.param(lambda t: {"authorization": f"Bearer {t}"}, id="authorization"),
+    pytest.param(lambda t: {"authToken": t}, id="authToken"),
+    pytest.param(lambda t: {"authToken": f"Bearer {t}"}, id="authToken-with-Bearer"),
+    pytest.param(lambda t: {"headers": {"Authorization": f"Bearer {t}"}}, id="headers.Authorization"),
+    pytest.param(lambda t: {"headers": {"authorization": t}}, id="headers.authorization"),
+]
+
+
+@pytest.mark.parametrize("protocol", [TRANSPORT_WS, LEGACY_WS])
+@pytest.mark.parametrize("shape", SHAPES)
+async def test_a_socket_signs_in_with_the_token_where_its_client_puts_it(
+    server: ServerProcess, protocol: Subprotocol, shape: Any
+) -> None:
+    socket = await connect(server, protocol, shape(token("gil")))
+    assert (await socket.receive())["type"] == "connection_ack"
+    assert await whoami(socket, protocol) == "gil"
+    await socket.connection.close()
+
+
+@pytest.mark.parametrize("protocol", [TRANSPORT_WS, LEGACY_WS])
+async def test_a_socket_signs_in_with_the_handshake_authorization_header(
+    server: ServerProcess, protocol: Subprotocol
+) -> None:
+    # As gql-cli sends it: the header on the upgrade request, an empty payload.
+    transport = WebsocketsTransport(
+        url=server.ws_url,
+        headers=bearer("hal"),
+        subprotocols=[protocol],
+    )
+    async with Client(transport=transport) as session:
+        assert await session.execute(GraphQLRequest("{ me { id } }")) == {"me": {"id": "hal"}}
+    # The payload's token comes first.
+    socket = await connect(server, protocol, bearer("ivo"), headers=bearer("hal"))
+    assert (await socket.receive())["type"] == "connection_ack"
+    assert await whoami(socket, protocol) == "ivo"
+    await socket.connection.close()
+
+
+REFUSALS = [
+    pytest.param(None, "send Authorization in connection_init", id="missing"),
+    pytest.param({}, "send Authorization in connection_init", id="empty"),
+    pytest.param({"Authorization": ""}, "send Authorization in connection_init", id="blank"),
+    pytest.param(bearer("jon", ttl_seconds=-5), "token expired", id="expired"),
+    pytest.param({"Authorization": "Bearer not-a-token"}, "token not valid", id="garbage"),
+    pytest.param(
+        {"authToken": mint_token("another-secret-" + "y" * 32, "jon")}, "token not valid", id="foreign"
+    ),
+    pytest.param({"Authorization": 42}, "token not valid", id="not-text"),
+]
+
+
+@pytest.mark.parametrize(("payload", "reason"), REFUSALS)
+async def test_a_refused_graphql_transport_ws_socket_closes_with_the_reason(
+    server: ServerProcess, payload: dict[str, Any] | None, reason: str
+) -> None:
+    socket = await connect(server, TRANSPORT_WS, payload)
+    assert await socket.closed() == (4403, reason)
+
+
+@pytest.mark.parametrize(("payload", "reason"), REFUSALS)
+async def test_a_refused_graphql_ws_socket_gets_connection_error_with_the_reason(
+    server: ServerProcess, payload: dict[str, Any] | None, reason: str
+) -> None:
+    socket = await connect(server, LEGACY_WS, payload)
+    assert await socket.receive() == {"type": "connection_error", "payload": {"message": reason}}
+    assert await socket.closed() == (4403, reason)
+    no_traceback(server)
+
+
+async def test_a_second_connection_init_on_graphql_ws_closes_the_socket(server: ServerProcess) -> None:
+    socket = await connect(server, LEGACY_WS, bearer("kim"))
+    assert (await socket.receive())["type"] == "connection_ack"
+    await socket.send({"type": "connection_init", "payload": bearer("lia")})
+    assert await socket.closed() == (4429, "Too many initialisation requests")
 
 
 # WebSockets: keep-alives and queries over the legacy protocol -----------------------------
