@@ -6,11 +6,14 @@ our refusals and our limits.
 - Every refusal of the transport is a JSON GraphQL error with a contract code:
   a body that is not a JSON object, a subscription without a streaming Accept,
   an unsupported content type. No refusal is a plain-text page or a 500.
+- Subscriptions stream over both WebSocket protocols, Server-Sent Events and
+  multipart HTTP (`schema/streams.py`); queries and mutations run over any of
+  them too.
 - On both WebSocket protocols, a frame that is not a well-formed message closes
   the socket with 4400; the socket signs in with the token wherever its client
   puts it (`schema/socket_auth.py`), a refusal's close says why, the server
   keeps an idle socket alive (`ping` or `ka`), and the connection closes when
-  its token expires; queries and mutations run over both.
+  its token expires.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -37,13 +40,14 @@ from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWS
 from strawberry.types.graphql import OperationType
 
 from resolvers.core.context import Context, Services
-from schema import socket_auth
+from schema import socket_auth, streams
 
 log = logging.getLogger("mifamilias.transport")
 
 SUBSCRIBE_OVER_HTTP = (
-    "subscriptions are streamed over a WebSocket: connect to /graphql with the graphql-transport-ws "
-    "(or the legacy graphql-ws) protocol and send the token in connection_init"
+    "subscriptions need a WebSocket (graphql-transport-ws or the legacy graphql-ws, with the token in "
+    "connection_init), Server-Sent Events (Accept: text/event-stream) or multipart HTTP "
+    '(Accept: multipart/mixed; subscriptionSpec="1.0")'
 )
 
 
@@ -245,19 +249,9 @@ class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
 
 def _is_subscription(request_data: Any) -> bool:
     """Whether the operation a plain HTTP request names is a subscription."""
-    from graphql import GraphQLError, OperationType, parse
-    from graphql.utilities import get_operation_ast
+    from schema import names_subscription
 
-    from schema import MAX_TOKENS
-
-    if "subscription" not in (request_data.query or ""):
-        return False  # no second parse for the queries and mutations that make up the traffic
-    try:
-        document = parse(request_data.query, no_location=True, max_tokens=MAX_TOKENS)
-    except GraphQLError:
-        return False  # the schema answers the syntax error
-    operation = get_operation_ast(document, request_data.operation_name)
-    return operation is not None and operation.operation == OperationType.SUBSCRIPTION
+    return names_subscription(request_data.query, request_data.operation_name)
 
 
 # The view -------------------------------------------------------------------------------
@@ -282,12 +276,13 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
 
         super().__init__(
             schema,
-            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
+            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL, *streams.PROTOCOLS),
             keep_alive=True,
             keep_alive_interval=keepalive_seconds,
             connection_init_wait_timeout=timedelta(seconds=10),
             **kwargs,
         )
+        self.stream_transport_classes_by_protocol = streams.transports(keepalive_seconds)
         self._services = services_ref
         self.max_body_bytes = max_body_bytes
 
@@ -338,11 +333,16 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         root_value: Any,
         sub_response: Any,
     ) -> Any:
-        if getattr(request_data, "protocol", None) == "http" and _is_subscription(request_data):
+        protocol = getattr(request_data, "protocol", None)
+        if protocol == "http" and _is_subscription(request_data):
             raise HTTPException(400, SUBSCRIBE_OVER_HTTP)
-        return await super().execute_operation(
+        result = await super().execute_operation(
             request, request_adapter, request_data, context, root_value, sub_response
         )
+        expires_at = context.claims.expires_at if context.claims else None
+        if protocol in streams.STREAMED and expires_at is not None and isinstance(result, AsyncGenerator):
+            return streams.until_expiry(result, expires_at)
+        return result
 
     def encode_json(self, data: object) -> str:
         # orjson is several times faster than json on results; a str keeps

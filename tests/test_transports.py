@@ -1,19 +1,23 @@
 """Every way to subscribe, against a real server process over real sockets:
-the server's keep-alives on both WebSocket protocols, queries and mutations
-over the legacy one, and how a socket signs in (each place clients put the
-token) or is refused (and why).
+Server-Sent Events and multipart HTTP beside the two WebSocket protocols, the
+server's keep-alives on each, and how a socket signs in (each place clients put
+the token) or is refused (and why).
 
-The server beats every half second, so that keep-alives are seen without
-waiting long."""
+The server shares live events through Redis, so that a test can see from
+outside when a subscription lets go of its channel (PUBSUB NUMSUB), and beats
+every half second, so that keep-alives are seen without waiting long."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import httpx
 import pytest
+import redis.asyncio as redis
 import websockets
 from gql import Client, GraphQLRequest
 from gql.transport.websockets import WebsocketsTransport
@@ -21,9 +25,13 @@ from websockets.typing import Subprotocol
 
 from resolvers.core.auth import mint_token
 from tests.servers import SECRET, ServerProcess
+from tests.test_live import make_family, upload
 
 TRANSPORT_WS = Subprotocol("graphql-transport-ws")
 LEGACY_WS = Subprotocol("graphql-ws")
+STATUS = "subscription($id: ID!) { contentStatusChanged(contentId: $id) { status } }"
+SSE = {"Accept": "text/event-stream"}
+MULTIPART = {"Accept": 'multipart/mixed; subscriptionSpec="1.0", application/json'}
 WAIT = 30  # seconds; bounds a failure only
 
 
@@ -37,10 +45,14 @@ def bearer(user: str, **claims: Any) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def server(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[ServerProcess]:
     process = ServerProcess(
         tmp_path_factory.mktemp("transports"),
-        {"MIFAMILIAS_AUTH_SECRET": SECRET, "MIFAMILIAS_KEEPALIVE_SECONDS": "0.5"},
+        {
+            "MIFAMILIAS_AUTH_SECRET": SECRET,
+            "MIFAMILIAS_REDIS_URL": redis_url,
+            "MIFAMILIAS_KEEPALIVE_SECONDS": "0.5",
+        },
     ).start()
     try:
         yield process
@@ -236,4 +248,243 @@ async def test_queries_and_mutations_run_over_graphql_ws_with_data_then_complete
     error = refused[0]["payload"]["errors"][0]
     assert error["extensions"]["code"] == "BAD_USER_INPUT" and error["extensions"]["cost"]["limit"] == 5000
     await socket.connection.close()
+    no_traceback(server)
+
+
+# Server-Sent Events and multipart HTTP ----------------------------------------------------
+
+
+@pytest.fixture
+async def subscribers(redis_url: str) -> AsyncIterator[Any]:
+    """How many server processes listen on a content's channel, as Redis counts them."""
+    client = redis.Redis.from_url(redis_url)
+
+    async def count(content_id: str) -> int:
+        found = await client.pubsub_numsub(f"mifamilias:content:{content_id}")
+        return int(found[0][1])
+
+    yield count
+    await client.aclose()
+
+
+async def until_subscribers(count: Any, content_id: str, expected: int) -> None:
+    deadline = time.monotonic() + WAIT  # bounds a failure only
+    while (found := await count(content_id)) != expected:
+        assert time.monotonic() < deadline, f"{found} subscribers on {content_id}, not {expected}"
+        await asyncio.sleep(0.05)
+
+
+async def an_uploading_note(server: ServerProcess, admin: str) -> str:
+    family_id = await make_family(server, admin, [])
+    return await upload(server, admin, family_id, "TEXT", b"hola", "text/plain", complete=False)
+
+
+async def complete_upload(server: ServerProcess, user: str, content_id: str) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        response = await client.post(
+            f"{server.url}/graphql",
+            json={
+                "query": "mutation($id: ID!) { completeUpload(contentId: $id) { status } }",
+                "variables": {"id": content_id},
+            },
+            headers=bearer(user),
+        )
+    assert response.status_code == 200 and "errors" not in response.json(), response.text
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    """(event, data) for each event of a text/event-stream, and ("comment", text)
+    for each comment line (the heartbeat)."""
+    event, data = "", list[str]()
+    async for line in response.aiter_lines():
+        if line.startswith(":"):
+            yield "comment", line[1:].strip()
+        elif line == "":
+            if event or data:
+                yield event or "message", "\n".join(data)
+            event, data = "", list[str]()
+        else:
+            field, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if field == "event":
+                event = value
+            elif field == "data":
+                data.append(value)
+
+
+async def multipart_parts(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON body of each part of a multipart/mixed response with the
+    boundary "graphql", read as Apollo Client reads it: split at each
+    CRLF-dash-dash-boundary, headers, a blank line, the body."""
+    assert response.headers["content-type"].startswith("multipart/mixed")
+    assert "boundary=graphql" in response.headers["content-type"].replace('"', "")
+    delimiter = "\r\n--graphql"
+    buffer = ""
+    async for chunk in response.aiter_text():
+        buffer += chunk
+        while (at := buffer.find(delimiter)) != -1:
+            part, buffer = buffer[:at], buffer[at + len(delimiter) :]
+            headers, blank, body = part.partition("\r\n\r\n")
+            if blank and body.strip():
+                assert "application/json" in headers.lower(), part
+                yield json.loads(body)
+    assert buffer.startswith("--"), f"the stream did not end with the closing delimiter: {buffer!r}"
+
+
+HEARTBEAT = "heartbeat"
+
+
+async def sse_results(response: httpx.Response) -> AsyncIterator[Any]:
+    """The ExecutionResults of an SSE stream, with HEARTBEAT for each
+    heartbeat; the stream must end with `complete` if it ends."""
+    assert response.headers["content-type"].startswith("text/event-stream")
+    async for event, data in sse_events(response):
+        if event == "comment":
+            assert data == "ping", data
+            yield HEARTBEAT
+        elif event == "next":
+            yield json.loads(data)
+        else:
+            assert event == "complete", (event, data)
+            return
+    raise AssertionError("the stream ended without a complete event")
+
+
+async def multipart_results(response: httpx.Response) -> AsyncIterator[Any]:
+    """The ExecutionResults of a multipart subscription, with HEARTBEAT for each `{}` part."""
+    async for part in multipart_parts(response):
+        if part == {}:
+            yield HEARTBEAT
+        else:
+            assert set(part) == {"payload"}, part
+            yield part["payload"]
+
+
+async def next_result(results: AsyncIterator[Any]) -> Any:
+    """The next result, past any heartbeats."""
+    while (found := await anext(results)) == HEARTBEAT:
+        pass
+    return found
+
+
+async def all_results(results: AsyncIterator[Any]) -> list[Any]:
+    return [result async for result in results if result != HEARTBEAT]
+
+
+def stream_request(
+    client: httpx.AsyncClient,
+    server: ServerProcess,
+    method: str,
+    accept: dict[str, str],
+    auth: dict[str, str],
+) -> Any:
+    def open_stream(query: str, variables: dict[str, Any]) -> Any:
+        url = f"{server.url}/graphql"
+        headers = {**accept, **auth}
+        if method == "GET":
+            params = {"query": query, "variables": json.dumps(variables)}
+            return client.stream("GET", url, params=params, headers=headers)
+        return client.stream("POST", url, json={"query": query, "variables": variables}, headers=headers)
+
+    return open_stream
+
+
+STREAMS = [
+    pytest.param("POST", SSE, sse_results, id="sse-post"),
+    pytest.param("GET", SSE, sse_results, id="sse-get"),
+    pytest.param("POST", MULTIPART, multipart_results, id="multipart"),
+]
+
+
+@pytest.mark.parametrize(("method", "accept", "results"), STREAMS)
+async def test_a_subscription_streams_over_http_and_lets_go_when_the_client_leaves(
+    server: ServerProcess, subscribers: Any, method: str, accept: dict[str, str], results: Any
+) -> None:
+    content_id = await an_uploading_note(server, "ana")
+    statuses: list[str] = []
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        open_stream = stream_request(client, server, method, accept, bearer("ana"))
+        async with open_stream(STATUS, {"id": content_id}) as response:
+            assert response.status_code == 200, await response.aread()
+            events = results(response)
+            # The status now, then the live changes.
+            assert await next_result(events) == {"data": {"contentStatusChanged": {"status": "UPLOADING"}}}
+            await until_subscribers(subscribers, content_id, 1)
+            await complete_upload(server, "ana", content_id)
+            while not statuses or statuses[-1] != "READY":
+                result = await next_result(events)
+                assert "errors" not in result, result
+                statuses.append(result["data"]["contentStatusChanged"]["status"])
+            # Idle now: nothing comes but heartbeats, which keep proxies from closing the stream.
+            for _ in range(2):
+                assert await anext(events) == HEARTBEAT
+            await events.aclose()
+        # The client has gone: the server lets go of the subscription and its channel.
+        await until_subscribers(subscribers, content_id, 0)
+    assert statuses == ["PROCESSING", "READY"]
+    no_traceback(server)
+
+
+@pytest.mark.parametrize(("method", "accept", "results"), STREAMS)
+async def test_a_subscription_over_http_needs_a_valid_token(
+    server: ServerProcess, subscribers: Any, method: str, accept: dict[str, str], results: Any
+) -> None:
+    content_id = await an_uploading_note(server, "bea")
+    for auth, message in [
+        ({}, "sign in: send a Bearer token"),
+        ({"Authorization": "Bearer not-a-token"}, "the token is not valid"),
+        (bearer("bea", ttl_seconds=-5), "the token has expired"),
+    ]:
+        async with httpx.AsyncClient(timeout=WAIT) as client:
+            open_stream = stream_request(client, server, method, accept, auth)
+            async with open_stream(STATUS, {"id": content_id}) as response:
+                assert response.status_code == 200
+                answers = await all_results(results(response))
+        assert answers == [
+            {"data": None, "errors": [{"message": message, "extensions": {"code": "UNAUTHENTICATED"}}]}
+        ], auth
+    assert await subscribers(content_id) == 0
+
+
+@pytest.mark.parametrize(("method", "accept", "results"), STREAMS)
+async def test_a_stream_ends_when_its_token_expires(
+    server: ServerProcess, subscribers: Any, method: str, accept: dict[str, str], results: Any
+) -> None:
+    content_id = await an_uploading_note(server, "cai")
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        open_stream = stream_request(client, server, method, accept, bearer("cai", ttl_seconds=4))
+        async with open_stream(STATUS, {"id": content_id}) as response:
+            answers = await all_results(results(response))
+    expired = {"message": "the token has expired", "extensions": {"code": "UNAUTHENTICATED"}}
+    assert answers == [
+        {"data": {"contentStatusChanged": {"status": "UPLOADING"}}},
+        {"data": None, "errors": [expired]},
+    ]
+    await until_subscribers(subscribers, content_id, 0)
+
+
+async def test_a_query_streams_over_sse_and_is_refused_over_multipart_subscriptions(
+    server: ServerProcess,
+) -> None:
+    me = "{ me { id } }"
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        async with stream_request(client, server, "POST", SSE, bearer("dan"))(me, {}) as response:
+            assert await all_results(sse_results(response)) == [{"data": {"me": {"id": "dan"}}}]
+        async with stream_request(client, server, "POST", MULTIPART, bearer("dan"))(me, {}) as response:
+            answers = await all_results(multipart_results(response))
+        refused = {"message": "queries are not allowed", "extensions": {"code": "BAD_USER_INPUT"}}
+        assert answers == [{"data": None, "errors": [refused]}]
+        # Without a streaming Accept, a subscription says where it can go.
+        response = await client.post(
+            f"{server.url}/graphql", json={"query": STATUS, "variables": {"id": "x"}}, headers=bearer("dan")
+        )
+        assert response.status_code == 400
+        error = response.json()["errors"][0]
+        assert error["extensions"] == {"code": "BAD_USER_INPUT"}
+        for way in (
+            "WebSocket",
+            "Accept: text/event-stream",
+            'Accept: multipart/mixed; subscriptionSpec="1.0"',
+        ):
+            assert way in error["message"]
     no_traceback(server)
