@@ -13,6 +13,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -488,3 +489,17 @@ async def test_a_query_streams_over_sse_and_is_refused_over_multipart_subscripti
         ):
             assert way in error["message"]
     no_traceback(server)
+
+
+# Documentation ---------------------------------------------------------------------------
+
+
+def test_the_readme_names_every_token_place_and_close_reason() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[
+        readme.index("### Subscriptions") : readme.index("\n## ", readme.index("### Subscriptions"))
+    ]
+    for place in ("`Authorization`", "`authorization`", "`authToken`", "`headers.Authorization`"):
+        assert place in section
+    for reason in ("send Authorization in\nconnection_init", "token expired", "token not valid"):
+        assert reason.replace("\n", " ") in section.replace("\n", " ")
