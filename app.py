@@ -144,6 +144,7 @@ def create_app(
     graphql = MiFamiliasGraphQL(
         services,
         max_body_bytes=settings.max_body_bytes,
+        keepalive_seconds=settings.keepalive_seconds,
         # GraphiQL needs introspection: off with it (trusted documents, unless allowed).
         graphql_ide="graphiql" if settings.introspection_allowed else None,
     )

@@ -99,7 +99,7 @@ def create_plain_app(settings: Settings) -> Starlette:
                 await websocket.send_text(json.dumps(event))
         return JSONResponse({"started": started, "sent": len(subscribers)})
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/healthz", healthz),
             Route("/me", me, methods=["POST"]),
@@ -109,3 +109,9 @@ def create_plain_app(settings: Settings) -> Starlette:
         ],
         lifespan=lifespan,
     )
+
+    async def going_away() -> None:
+        """app.py's `_serve` runs the app's shutdown steps; the baseline has none."""
+
+    app.state.going_away = going_away
+    return app

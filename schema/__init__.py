@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import aclosing
 from typing import Any
 
 import strawberry
@@ -48,32 +49,76 @@ class FreshLoaders(SchemaExtension):
         yield
 
 
+def names_subscription(query: str | None, operation_name: str | None) -> bool:
+    """Whether the operation a document names is a subscription."""
+    from graphql import OperationType, parse
+    from graphql.utilities import get_operation_ast
+
+    if "subscription" not in (query or ""):
+        return False  # no second parse for the queries and mutations that make up the traffic
+    try:
+        document = parse(query or "", no_location=True, max_tokens=MAX_TOKENS)
+    except GraphQLError:
+        return False  # the schema answers the syntax error
+    operation = get_operation_ast(document, operation_name)
+    return operation is not None and operation.operation == OperationType.SUBSCRIPTION
+
+
+def _deadline(context: object) -> float | None:
+    if not isinstance(context, Context):
+        return None
+    return context.services.settings.operation_deadline_seconds or None
+
+
+def _stopped(deadline: float) -> ExecutionResult:
+    error = BadInput(
+        f"the operation took longer than {deadline:g} s and was stopped; "
+        "ask for less (smaller pages, fewer nested lists)"
+    )
+    return ExecutionResult(
+        data=None,
+        errors=[GraphQLError(error.message, extensions={"code": error.code, "deadlineSeconds": deadline})],
+    )
+
+
+async def _within(results: AsyncGenerator[Any, None], deadline: float) -> AsyncGenerator[Any, None]:
+    """A query's or mutation's stream (one result) run within the deadline."""
+    async with aclosing(results):
+        try:
+            async with asyncio.timeout(deadline):
+                collected = [result async for result in results]
+        except TimeoutError:
+            collected = [_stopped(deadline)]
+    for result in collected:
+        yield result
+
+
 class MiFamiliasSchema(strawberry.Schema):
+    """Queries and mutations run within the operation deadline
+    (`MIFAMILIAS_OPERATION_DEADLINE_SECONDS`) on every transport; past it, one
+    is stopped and answered with a clear error. Writes are conditional or
+    transactional, so one stopped between two writes leaves each write whole.
+    A subscription's life has no deadline (the cost limit bounds each event)."""
+
     async def execute(self, query: str | None, *args: Any, **kwargs: Any) -> ExecutionResult:
-        """A query or mutation runs within the operation deadline
-        (`MIFAMILIAS_OPERATION_DEADLINE_SECONDS`); past it, it is stopped and
-        answered with a clear error. Writes are conditional or transactional,
-        so one stopped between two writes leaves each write whole."""
-        context = kwargs.get("context_value", args[1] if len(args) > 1 else None)
-        deadline = (
-            context.services.settings.operation_deadline_seconds if isinstance(context, Context) else None
-        )
-        if not deadline:
+        # Plain HTTP.
+        deadline = _deadline(kwargs.get("context_value", args[1] if len(args) > 1 else None))
+        if deadline is None:
             return await super().execute(query, *args, **kwargs)
         try:
             async with asyncio.timeout(deadline):
                 return await super().execute(query, *args, **kwargs)
         except TimeoutError:
-            error = BadInput(
-                f"the operation took longer than {deadline:g} s and was stopped; "
-                "ask for less (smaller pages, fewer nested lists)"
-            )
-            return ExecutionResult(
-                data=None,
-                errors=[
-                    GraphQLError(error.message, extensions={"code": error.code, "deadlineSeconds": deadline})
-                ],
-            )
+            return _stopped(deadline)
+
+    async def stream(self, query: str | None, *args: Any, **kwargs: Any) -> Any:
+        # WebSockets, SSE and multipart: one result for a query or mutation,
+        # events for a subscription.
+        results = await super().stream(query, *args, **kwargs)
+        deadline = _deadline(kwargs.get("context_value", args[1] if len(args) > 1 else None))
+        if deadline is None or names_subscription(query, kwargs.get("operation_name")):
+            return results
+        return _within(results, deadline)
 
     def process_errors(self, errors: Any, execution_context: Any = None) -> None:
         # ContractErrors logs what is unexpected, with the request id; the

@@ -9,6 +9,7 @@ from typing import Any
 
 from graphql import GraphQLError
 from strawberry.extensions import ParserCache, SchemaExtension
+from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 
 from resolvers.core.errors import ApiError
 
@@ -47,6 +48,10 @@ def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
         return error  # relabelled already (a subscription event, then its operation)
     if isinstance(original, ApiError):
         return _relabel(error, original.message, {"code": original.code, **original.extensions})
+    if isinstance(original, InvalidOperationTypeError | CannotGetOperationTypeError):
+        # An operation this transport does not carry (a query over multipart
+        # subscriptions, a mutation over GET), or an unknown operation name.
+        return _relabel(error, error.message, {"code": "BAD_USER_INPUT"})
     if original is None or (isinstance(original, GraphQLError) and original.original_error is None):
         # Parse and validation errors, and variables that do not coerce (an
         # unknown enum value, a wrong type): the request itself is wrong.

@@ -6,8 +6,14 @@ our refusals and our limits.
 - Every refusal of the transport is a JSON GraphQL error with a contract code:
   a body that is not a JSON object, a subscription without a streaming Accept,
   an unsupported content type. No refusal is a plain-text page or a 500.
+- Subscriptions stream over both WebSocket protocols, Server-Sent Events and
+  multipart HTTP (`schema/streams.py`); queries and mutations run over any of
+  them too.
 - On both WebSocket protocols, a frame that is not a well-formed message closes
-  the socket with 4400, and the connection closes when its token expires.
+  the socket with 4400; the socket signs in with the token wherever its client
+  puts it (`schema/socket_auth.py`), a refusal's close says why, the server
+  keeps an idle socket alive (`ping` or `ka`), and the connection closes when
+  its token expires.
 - Persisted operations (`resolvers/core/persisted.py`): a request's
   `extensions.persistedQuery` is turned into the document it names before
   anything else sees it, over POST, GET and both WebSocket protocols; a
@@ -20,10 +26,11 @@ our refusals and our limits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -39,17 +46,20 @@ from strawberry.http import GraphQLRequestData
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
+from strawberry.types.graphql import OperationType
 
 from resolvers.core.context import Context, Services
 from resolvers.core.errors import ApiError, PersistedQueryNotFound
+from schema import socket_auth, streams
 
 log = logging.getLogger("mifamilias.transport")
 
 GOING_AWAY = 1001  # RFC 6455: the server is going down; reconnect elsewhere
 
 SUBSCRIBE_OVER_HTTP = (
-    "subscriptions are streamed over a WebSocket: connect to /graphql with the graphql-transport-ws "
-    "(or the legacy graphql-ws) protocol and send the token in connection_init"
+    "subscriptions need a WebSocket (graphql-transport-ws or the legacy graphql-ws, with the token in "
+    "connection_init), Server-Sent Events (Accept: text/event-stream) or multipart HTTP "
+    '(Accept: multipart/mixed; subscriptionSpec="1.0")'
 )
 
 
@@ -164,14 +174,27 @@ def _well_formed(message: object) -> bool:
 
 class _Guarded:
     """What both WebSocket protocols share: a malformed frame closes the socket
-    with 4400, and the connection ends when its token expires (`_expire`, per
-    protocol), with nothing run on it after that."""
+    with 4400; `connection_init` signs in with the token wherever the client
+    put it, and a refusal closes the socket saying why (`_refuse`, per
+    protocol); the connection ends when its token expires, with nothing run on
+    it after that."""
 
     context: Context
     websocket: Any
     view: Any
     connection_acknowledged: bool
     expiry: asyncio.Task[None] | None = None
+
+    async def _refuse(self, reason: str) -> None:
+        raise NotImplementedError
+
+    def _may_sign_in(self, message: Any) -> bool:
+        """Whether this `connection_init` is the protocol's to refuse first
+        (a payload of the wrong shape, a second init)."""
+        raise NotImplementedError
+
+    async def _expire(self) -> None:
+        await self._refuse(socket_auth.EXPIRED)
 
     async def handle(self) -> None:
         view: MiFamiliasGraphQL = self.view
@@ -184,10 +207,8 @@ class _Guarded:
         finally:
             view.sockets.discard(self)
 
-    async def _expire(self) -> None:
-        raise NotImplementedError
-
-    async def _refuse(self, operation_id: str, error: dict[str, Any]) -> None:
+    async def _refuse_operation(self, operation_id: str, error: dict[str, Any]) -> None:
+        """Answers one operation with an error; the socket stays open."""
         raise NotImplementedError
 
     async def _persisted(self, message: Any) -> Any | None:
@@ -202,7 +223,7 @@ class _Guarded:
             )
         except ApiError as error:
             extensions = {"code": error.code, **error.extensions}
-            await self._refuse(message["id"], {"message": error.message, "extensions": extensions})
+            await self._refuse_operation(message["id"], {"message": error.message, "extensions": extensions})
             return None
         if query == payload.get("query"):
             return message
@@ -218,6 +239,11 @@ class _Guarded:
         await super().handle_message(message)  # type: ignore[misc]
 
     async def handle_connection_init(self, message: Any) -> None:
+        if self._may_sign_in(message):
+            reason = await socket_auth.sign_in(self.context, message.get("payload") or {})
+            if reason is not None:
+                await self._refuse(reason)
+                return
         await super().handle_connection_init(message)  # type: ignore[misc]
         if self.connection_acknowledged and self.expiry is None:
             self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
@@ -234,12 +260,35 @@ class _Guarded:
 
 
 class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None]):
-    """graphql-transport-ws: an expired token closes with 4403 "token expired"."""
+    """graphql-transport-ws: a refused sign-in, or an expired token, closes with
+    4403 and the reason; the server sends a `ping` every keep-alive interval."""
 
-    async def _expire(self) -> None:
-        await self.websocket.close(code=4403, reason="token expired")
+    pinger: asyncio.Task[None] | None = None
 
-    async def _refuse(self, operation_id: str, error: dict[str, Any]) -> None:
+    def _may_sign_in(self, message: Any) -> bool:
+        return (
+            isinstance(message.get("payload", {}), dict)
+            and not self.connection_init_received
+            and not self.connection_timed_out
+        )
+
+    async def _refuse(self, reason: str) -> None:
+        await self.websocket.close(code=socket_auth.close_code(reason), reason=reason)
+
+    async def handle_connection_init(self, message: Any) -> None:
+        await super().handle_connection_init(message)
+        if self.connection_acknowledged and self.pinger is None:
+            self.pinger = asyncio.create_task(self._ping(float(self.view.keep_alive_interval or 12)))
+
+    async def _ping(self, interval: float) -> None:
+        """Strawberry answers pings but sends none; proxies close sockets that
+        stay silent, so the server speaks first."""
+        with contextlib.suppress(Exception):  # the socket went away: nothing to keep alive
+            while True:
+                await asyncio.sleep(interval)
+                await self.send_message({"type": "ping"})
+
+    async def _refuse_operation(self, operation_id: str, error: dict[str, Any]) -> None:
         message: Any = {"id": operation_id, "type": "error", "payload": [error]}
         await self.send_message(message)
 
@@ -249,18 +298,52 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
 
     async def shutdown(self) -> None:
         self._stop_watching()
+        if self.pinger is not None:
+            self.pinger.cancel()
         await super().shutdown()
 
 
+class _AnyOperation:
+    """The schema as the legacy handler sees it: its `subscribe` runs queries
+    and mutations too (one `data`, then `complete`), where Strawberry's allows
+    subscriptions only."""
+
+    def __init__(self, schema: Any) -> None:
+        self._schema = schema
+
+    async def subscribe(self, query: str | None, **kwargs: Any) -> Any:
+        return await self._schema.stream(
+            query,
+            **kwargs,
+            allowed_operation_types=(OperationType.QUERY, OperationType.MUTATION, OperationType.SUBSCRIPTION),
+        )
+
+
 class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
-    """subscriptions-transport-ws (graphql-ws): an expired token gets
-    `connection_error`, then the close."""
+    """subscriptions-transport-ws (graphql-ws): a refused sign-in, or an expired
+    token, gets `connection_error` with the reason, then a close with it; the
+    server sends `ka` every keep-alive interval (Strawberry's `keep_alive`)."""
 
-    async def _expire(self) -> None:
-        await self.send_message({"type": "connection_error", "payload": {"message": "token expired"}})
-        await self.websocket.close(code=4403, reason="token expired")
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.schema = _AnyOperation(self.schema)  # type: ignore[assignment]
 
-    async def _refuse(self, operation_id: str, error: dict[str, Any]) -> None:
+    def _may_sign_in(self, message: Any) -> bool:
+        return isinstance(message.get("payload"), dict | None)
+
+    async def _refuse(self, reason: str) -> None:
+        await self.send_message({"type": "connection_error", "payload": {"message": reason}})
+        await self.websocket.close(code=socket_auth.close_code(reason), reason=reason)
+
+    async def handle_connection_init(self, message: Any) -> None:
+        if self.connection_acknowledged:
+            # Strawberry would sign in again (another person on the same
+            # subscriptions) and start a second keep-alive: one init per socket.
+            await self.websocket.close(code=4429, reason="Too many initialisation requests")
+            return
+        await super().handle_connection_init(message)
+
+    async def _refuse_operation(self, operation_id: str, error: dict[str, Any]) -> None:
         message: Any = {"type": "error", "id": operation_id, "payload": error}
         await self.send_message(message)
 
@@ -275,19 +358,9 @@ class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
 
 def _is_subscription(request_data: Any) -> bool:
     """Whether the operation a plain HTTP request names is a subscription."""
-    from graphql import GraphQLError, OperationType, parse
-    from graphql.utilities import get_operation_ast
+    from schema import names_subscription
 
-    from schema import MAX_TOKENS
-
-    if "subscription" not in (request_data.query or ""):
-        return False  # no second parse for the queries and mutations that make up the traffic
-    try:
-        document = parse(request_data.query, no_location=True, max_tokens=MAX_TOKENS)
-    except GraphQLError:
-        return False  # the schema answers the syntax error
-    operation = get_operation_ast(document, request_data.operation_name)
-    return operation is not None and operation.operation == OperationType.SUBSCRIPTION
+    return names_subscription(request_data.query, request_data.operation_name)
 
 
 # The view -------------------------------------------------------------------------------
@@ -300,17 +373,25 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = TransportWSHandler
     graphql_ws_handler_class = LegacyWSHandler
 
-    def __init__(self, services_ref: Callable[[], Services], *, max_body_bytes: int, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        services_ref: Callable[[], Services],
+        *,
+        max_body_bytes: int,
+        keepalive_seconds: float = 12.0,
+        **kwargs: Any,
+    ) -> None:
         from schema import schema
 
         super().__init__(
             schema,
-            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL),
+            subscription_protocols=(GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL, *streams.PROTOCOLS),
             keep_alive=True,
-            keep_alive_interval=15,
+            keep_alive_interval=keepalive_seconds,
             connection_init_wait_timeout=timedelta(seconds=10),
             **kwargs,
         )
+        self.stream_transport_classes_by_protocol = streams.transports(keepalive_seconds)
         self._services = services_ref
         self.max_body_bytes = max_body_bytes
         # Open WebSocket connections (their protocol handlers), for `going_away`.
@@ -383,11 +464,16 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
             request_data = [await self._persisted(context, data) for data in request_data]
         else:
             request_data = await self._persisted(context, request_data)
-        if getattr(request_data, "protocol", None) == "http" and _is_subscription(request_data):
+        protocol = getattr(request_data, "protocol", None)
+        if protocol == "http" and _is_subscription(request_data):
             raise HTTPException(400, SUBSCRIBE_OVER_HTTP)
-        return await super().execute_operation(
+        result = await super().execute_operation(
             request, request_adapter, request_data, context, root_value, sub_response
         )
+        expires_at = context.claims.expires_at if context.claims else None
+        if protocol in streams.STREAMED and expires_at is not None and isinstance(result, AsyncGenerator):
+            return streams.until_expiry(result, expires_at)
+        return result
 
     @staticmethod
     async def _persisted(context: Context, request_data: GraphQLRequestData) -> GraphQLRequestData:
@@ -412,9 +498,9 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
     def should_render_graphql_ide(self, request: Any) -> bool:
         """A browser opening /graphql gets GraphiQL, also with a `query` parameter (the
         page's own, as in GraphiQL's classic links); other GETs with one run it. A GET
-        holding a persisted query's hash is an operation; with GraphiQL off (trusted
-        documents) there is no page at all."""
-        if not self.graphql_ide or request.query_params.get("extensions"):
+        holding a persisted query's hash is an operation. With GraphiQL off (trusted
+        documents), Strawberry answers a browser 404."""
+        if request.query_params.get("extensions"):
             return False
         if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
             return True
@@ -433,17 +519,8 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         return context
 
     async def on_ws_connect(self, context: Context) -> Any:
-        params = context.connection_params or {}
-        authorization = params.get("Authorization") or params.get("authorization")
-        if not isinstance(authorization, str):
-            raise ConnectionRejectionError({"message": "sign in: send Authorization in connection_init"})
-        await context.authenticate(authorization)
-        if context.claims is None:
-            message = context.auth_error.message if context.auth_error else "not signed in"
-            raise ConnectionRejectionError({"message": message})
-        try:
-            await context.viewer_id()
-        except Exception as error:  # the store is down: refuse rather than half-open
-            log.exception("could not load the viewer for a WebSocket (request %s)", context.request_id)
-            raise ConnectionRejectionError({"message": "try again later"}) from error
+        # The handlers signed the socket in before this (`_Guarded`), where
+        # they can say why they refuse; this only makes sure of it.
+        if context.signed_in_error() is not None:
+            raise ConnectionRejectionError({"message": socket_auth.NOT_VALID})
         return None

@@ -356,8 +356,11 @@ async def test_notifications_arrive_live_and_stop_for_a_removed_member(live_serv
     assert status_events == ["UPLOADING"]
 
 
-async def test_foundation_mutations_over_a_websocket(live_server: ServerProcess) -> None:
-    async with ws_client(live_server, "quim") as quim, ws_client(live_server, "rut") as rut:
+@pytest.mark.parametrize("legacy", [False, True], ids=["graphql-transport-ws", "graphql-ws"])
+async def test_foundation_mutations_over_a_websocket(live_server: ServerProcess, legacy: bool) -> None:
+    # Queries and mutations over the legacy protocol too: `data`, then `complete`.
+    quim_id, rut_id = ("quim", "rut") if not legacy else ("quim2", "rut2")
+    async with ws_client(live_server, quim_id, legacy) as quim, ws_client(live_server, rut_id, legacy) as rut:
 
         async def run(session: Any, query: str, **variables: Any) -> Any:
             return await session.execute(GraphQLRequest(query, variable_values=variables))
@@ -384,7 +387,7 @@ async def test_foundation_mutations_over_a_websocket(live_server: ServerProcess)
                 quim,
                 "mutation($f: ID!, $u: ID!) { approveMember(familyId: $f, userId: $u) { role } }",
                 f=family["id"],
-                u="rut",
+                u=rut_id,
             )
         )["approveMember"] == {"role": "MEMBER"}
         mine = await run(
@@ -398,7 +401,7 @@ async def test_foundation_mutations_over_a_websocket(live_server: ServerProcess)
                 rut,
                 "mutation($f: ID!, $u: ID!) { removeMember(familyId: $f, userId: $u) }",
                 f=family["id"],
-                u="quim",
+                u=quim_id,
             )
         assert (
             refused.value.errors is not None and refused.value.errors[0]["extensions"]["code"] == "FORBIDDEN"

@@ -115,6 +115,9 @@ async def subscription_events(url: str, token: str, query: str) -> AsyncGenerato
         await ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": {"query": query}}))
         while True:
             message = json.loads(await ws.recv())
+            if message["type"] == "ping":  # the server's keep-alive
+                await ws.send(json.dumps({"type": "pong"}))
+                continue
             assert message["type"] == "next", message
             yield message["payload"]
 

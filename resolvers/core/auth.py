@@ -44,6 +44,14 @@ class Claims:
         return self.expires_at is not None and (now if now is not None else time.time()) >= self.expires_at
 
 
+class TokenExpired(Unauthenticated):
+    """A token that was good and has run out: a client can tell it from a bad
+    one (a socket's close reason says which)."""
+
+    def __init__(self) -> None:
+        super().__init__("the token has expired")
+
+
 def bearer_token(header: str | None) -> str | None:
     if not header:
         return None
@@ -89,7 +97,7 @@ class TokenVerifier:
                 options={"require": ["exp", "sub"], "verify_aud": self.audience is not None},
             )
         except jwt.ExpiredSignatureError as error:
-            raise Unauthenticated("the token has expired") from error
+            raise TokenExpired from error
         except (jwt.PyJWTError, ValueError) as error:
             raise Unauthenticated("the token is not valid") from error
         return Claims.from_payload(payload)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import BeforeValidator, Field, PositiveFloat, ValidationError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 PREFIX = "MIFAMILIAS_"
@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = 1024 * 1024
     max_query_cost: int = 5_000
     operation_deadline_seconds: float = 10.0
+    # How often an idle subscription hears from the server (WebSocket ping or
+    # `ka`, an SSE comment, an empty multipart part), so proxies keep it open.
+    keepalive_seconds: PositiveFloat = 12.0
     rate_limits: str | None = None
     trusted_proxies: CommaSeparated = ()
     pipeline_workers: int = 2

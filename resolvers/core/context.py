@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from resolvers.core.auth import Claims, TokenVerifier, bearer_token
+from resolvers.core.auth import Claims, TokenExpired, TokenVerifier, bearer_token
 from resolvers.core.config import Settings
 from resolvers.core.cursors import CursorSigner
 from resolvers.core.errors import ApiError, Unauthenticated
@@ -176,7 +176,7 @@ class Context:
         if self.claims is None:
             return self.auth_error or Unauthenticated("sign in: send a Bearer token")
         if self.claims.expired():
-            return Unauthenticated("the token has expired")
+            return TokenExpired()
         return None
 
     async def viewer_id(self) -> str:

@@ -97,6 +97,47 @@ async def test_an_operation_past_its_deadline_is_stopped_with_a_clear_error(
     assert code == "BAD_USER_INPUT" and "longer than 0.05 s" in message
 
 
+async def test_the_deadline_holds_for_a_query_over_a_stream_but_not_for_a_subscription(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A query or mutation over Server-Sent Events (or a WebSocket) runs within
+    the deadline like one over plain HTTP; a subscription lives past it."""
+    async with running_api("sqlite", "local", tmp_path, request, operation_deadline_seconds=0.05) as api:
+        family_id = await family_with_members(api, "ana", [])
+        headers = {"Authorization": f"Bearer {api.token('ana')}", "Accept": "text/event-stream"}
+        api.table.latency = 0.2  # type: ignore[attr-defined]  # each store call outlasts the deadline
+        response = await api.client.post(
+            "/graphql",
+            json={"query": "query($id: ID!) { family(id: $id) { name } }", "variables": {"id": family_id}},
+            headers=headers,
+        )
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in response.text.splitlines() if line.startswith("data: {")]
+        assert len(events) == 1 and "longer than 0.05 s" in events[0], response.text
+        assert '"code":"BAD_USER_INPUT"' in events[0]
+        # The subscription's first event takes longer than the deadline, and comes.
+        api.table.latency = 0  # type: ignore[attr-defined]
+        content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+        api.table.latency = 0.2  # type: ignore[attr-defined]
+        from strawberry.types import ExecutionResult
+
+        from resolvers.core.context import Context
+        from schema import schema
+
+        context = Context(services=api.services)
+        await context.authenticate(headers["Authorization"])
+        stream = await schema.stream(
+            "subscription($id: ID!) { contentStatusChanged(contentId: $id) { id } }",
+            variable_values={"id": content_id},
+            context_value=context,
+        )
+        first = await anext(stream)
+        await stream.aclose()
+        api.table.latency = 0  # type: ignore[attr-defined]
+    assert isinstance(first, ExecutionResult)
+    assert first.errors is None and first.data == {"contentStatusChanged": {"id": content_id}}
+
+
 async def test_a_photo_over_the_pixel_cap_fails_with_a_reason(api: Api, tmp_path: Path) -> None:
     from PIL import Image
 
