@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,12 +19,14 @@ from strawberry.extensions import (
 )
 from strawberry.types import ExecutionResult
 
+from resolvers.core import logs
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput
 from schema.cost import QueryCost
 from schema.errors import CodedParserCache, ContractErrors
 from schema.guard import ReadGuard, SignedIn
 from schema.mutation import Mutation
+from schema.observability import OperationLog, OperationMetrics, Tracing
 from schema.query import Query
 from schema.subscription import Subscription
 
@@ -63,6 +66,12 @@ class MiFamiliasSchema(strawberry.Schema):
             async with asyncio.timeout(deadline):
                 return await super().execute(query, *args, **kwargs)
         except TimeoutError:
+            if isinstance(context, Context):  # the metrics extension was stopped with the operation
+                found = logs.current.get()
+                metrics = context.services.metrics
+                metrics.graphql_error(
+                    metrics.operation_label(found.operation if found else None), "BAD_USER_INPUT"
+                )
             error = BadInput(
                 f"the operation took longer than {deadline:g} s and was stopped; "
                 "ask for less (smaller pages, fewer nested lists)"
@@ -80,12 +89,19 @@ class MiFamiliasSchema(strawberry.Schema):
         return None
 
 
-def build_schema() -> strawberry.Schema:
+def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.Schema:
+    """The schema; `metrics` and `tracing` add their extensions (nothing of
+    them runs in a schema built without)."""
+    observe: list[Any] = [OperationMetrics if metrics else OperationLog]
+    if tracing:
+        observe.append(Tracing)
     return MiFamiliasSchema(
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
         extensions=[
+            # First: they time the hooks of the others, and see the coded errors.
+            *observe,
             ContractErrors,
             FreshLoaders,
             SignedIn,
@@ -102,3 +118,11 @@ def build_schema() -> strawberry.Schema:
 
 
 schema = build_schema()
+
+
+@functools.cache
+def schema_for(*, metrics: bool, tracing: bool) -> strawberry.Schema:
+    """The schema an app with these settings serves: built once per process."""
+    if metrics and not tracing:
+        return schema
+    return build_schema(metrics=metrics, tracing=tracing)

@@ -31,6 +31,7 @@ from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_P
 from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 
+from resolvers.core import logs
 from resolvers.core.context import Context, Services
 
 log = logging.getLogger("mifamilias.transport")
@@ -104,6 +105,11 @@ class _Guarded:
     websocket: Any
     connection_acknowledged: bool
     expiry: asyncio.Task[None] | None = None
+    protocol: str = ""
+
+    async def handle(self) -> None:
+        with self.context.services.metrics.websocket(self.protocol):
+            await super().handle()  # type: ignore[misc]
 
     async def _expire(self) -> None:
         raise NotImplementedError
@@ -136,6 +142,8 @@ class _Guarded:
 class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None]):
     """graphql-transport-ws: an expired token closes with 4403 "token expired"."""
 
+    protocol = GRAPHQL_TRANSPORT_WS_PROTOCOL
+
     async def _expire(self) -> None:
         await self.websocket.close(code=4403, reason="token expired")
 
@@ -151,6 +159,8 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
 class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
     """subscriptions-transport-ws (graphql-ws): an expired token gets
     `connection_error`, then the close."""
+
+    protocol = GRAPHQL_WS_PROTOCOL
 
     async def _expire(self) -> None:
         await self.send_message({"type": "connection_error", "payload": {"message": "token expired"}})
@@ -192,8 +202,16 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
     graphql_transport_ws_handler_class = TransportWSHandler
     graphql_ws_handler_class = LegacyWSHandler
 
-    def __init__(self, services_ref: Callable[[], Services], *, max_body_bytes: int, **kwargs: Any) -> None:
-        from schema import schema
+    def __init__(
+        self,
+        services_ref: Callable[[], Services],
+        *,
+        max_body_bytes: int,
+        schema: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        if schema is None:
+            from schema import schema
 
         super().__init__(
             schema,
@@ -274,7 +292,11 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         return GRAPHIQL_HTML
 
     async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
+        # The id the request's (or the connection's) log lines carry.
+        found = logs.current.get()
         context = Context(services=self._services(), request=request, response=response)
+        if found is not None:
+            context.request_id = found.request_id
         if isinstance(request, Request):
             await context.authenticate(request.headers.get("authorization"))
         return context
@@ -291,6 +313,6 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         try:
             await context.viewer_id()
         except Exception as error:  # the store is down: refuse rather than half-open
-            log.exception("could not load the viewer for a WebSocket (request %s)", context.request_id)
+            log.exception("could not load the viewer for a WebSocket")
             raise ConnectionRejectionError({"message": "try again later"}) from error
         return None
