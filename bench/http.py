@@ -57,7 +57,10 @@ def parse_wrk(output: str) -> tuple[float, float, float]:
     return rps, percentile("50"), percentile("99")
 
 
-def wrk(url: str, script: Path, seconds: float, connections: int) -> tuple[float, float, float]:
+def wrk(
+    url: str, script: Path, seconds: float, connections: int, timeout: float | None = None
+) -> tuple[float, float, float]:
+    """`timeout`: seconds before wrk counts a request as failed (its default is 2)."""
     binary = shutil.which("wrk")
     if binary is None:
         raise RuntimeError("wrk is not installed (./dev bench installs it)")
@@ -67,6 +70,7 @@ def wrk(url: str, script: Path, seconds: float, connections: int) -> tuple[float
         f"-c{connections}",
         f"-d{max(1, round(seconds))}s",
         "--latency",
+        *([f"--timeout={timeout:g}s"] if timeout else []),
         "-s",
         str(script),
         url,
