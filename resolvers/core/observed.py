@@ -14,7 +14,7 @@ batch items, a transaction cancelled for throttling).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from resolvers.core.logs import redact
@@ -74,7 +74,8 @@ class ObservedTable:
         self.engine = engine
         self.table_name = name
 
-    async def _call(self, kind: str, call: Callable[[], Awaitable[T]], attributes: dict[str, Any]) -> T:
+    async def _call(self, kind: str, call: Awaitable[T], attributes: dict[str, Any]) -> T:
+        """`call` is the inner table's coroutine, not started yet: it runs when awaited here."""
         span = None
         if self.tracer is not None:
             if "mifamilias.store.pk" in attributes:
@@ -91,7 +92,7 @@ class ObservedTable:
         started = time.perf_counter()
         error: str | None = None
         try:
-            return await call()
+            return await call
         except BaseException as failure:
             error = _error_kind(failure)
             if span is not None:
@@ -108,12 +109,10 @@ class ObservedTable:
                 span.end()
 
     async def get(self, key: Key) -> Item | None:
-        return await self._call("get", lambda: self.inner.get(key), {"mifamilias.store.pk": key[0]})
+        return await self._call("get", self.inner.get(key), {"mifamilias.store.pk": key[0]})
 
     async def batch_get(self, keys: Sequence[Key]) -> dict[Key, Item]:
-        return await self._call(
-            "batch_get", lambda: self.inner.batch_get(keys), {"mifamilias.store.keys": len(keys)}
-        )
+        return await self._call("batch_get", self.inner.batch_get(keys), {"mifamilias.store.keys": len(keys)})
 
     async def query(
         self,
@@ -127,32 +126,28 @@ class ObservedTable:
     ) -> Page:
         return await self._call(
             "query",
-            lambda: self.inner.query(pk, sk, index=index, descending=descending, limit=limit, cursor=cursor),
+            self.inner.query(pk, sk, index=index, descending=descending, limit=limit, cursor=cursor),
             {"mifamilias.store.index": index, "mifamilias.store.pk": pk},
         )
 
     async def put(self, item: Item, condition: Condition | None = None) -> None:
-        await self._call("put", lambda: self.inner.put(item, condition), {"mifamilias.store.pk": item["PK"]})
+        await self._call("put", self.inner.put(item, condition), {"mifamilias.store.pk": item["PK"]})
 
     async def update(self, update: Update) -> Item:
-        return await self._call(
-            "update", lambda: self.inner.update(update), {"mifamilias.store.pk": update.key[0]}
-        )
+        return await self._call("update", self.inner.update(update), {"mifamilias.store.pk": update.key[0]})
 
     async def delete(self, key: Key, condition: Condition | None = None) -> Item | None:
-        return await self._call(
-            "delete", lambda: self.inner.delete(key, condition), {"mifamilias.store.pk": key[0]}
-        )
+        return await self._call("delete", self.inner.delete(key, condition), {"mifamilias.store.pk": key[0]})
 
     async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
         await self._call(
             "batch_write",
-            lambda: self.inner.batch_write(puts, deletes),
+            self.inner.batch_write(puts, deletes),
             {"mifamilias.store.items": len(puts) + len(deletes)},
         )
 
     async def transact(self, ops: Sequence[WriteOp]) -> None:
-        await self._call("transact", lambda: self.inner.transact(ops), {"mifamilias.store.items": len(ops)})
+        await self._call("transact", self.inner.transact(ops), {"mifamilias.store.items": len(ops)})
 
     async def ping(self) -> None:
         await self.inner.ping()
