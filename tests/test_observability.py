@@ -277,6 +277,10 @@ async def test_metrics_count_what_a_session_did(server: ServerProcess) -> None:
         assert samples.value("mifamilias_pipeline_step_seconds_count", step=step) == 2
     assert samples.value("mifamilias_pipeline_queue_depth") == 0
     assert samples.value("mifamilias_pipeline_failures_total") == 0
+    # The upload URLs' signatures did not reach the log (uvicorn's access lines).
+    log = server.log()
+    assert "PUT /media/" in log and "sig=" + logs.REDACTED in log
+    assert not re.search(r"sig=(?!\[redacted\])", log)
     # Nothing labelled with an id.
     for label in ("operation", "channel", "kind", "subscription"):
         for name in {s.name for s in samples.samples}:
@@ -493,6 +497,10 @@ def test_the_redaction_knows_tokens_and_invite_codes() -> None:
     for text in (f"Authorization: Bearer {jwt}", f"token={jwt}", f"'authorization': 'bearer {jwt[:20]}'"):
         redacted = logs.redact(text)
         assert jwt[:12] not in redacted and logs.REDACTED in redacted, redacted
+    signed = "PUT /media/content/7/original?method=PUT&expires=1&nonce=a7&sig=-uu_TMDyrjp HTTP/1.1"
+    assert logs.redact(signed) == signed.replace("-uu_TMDyrjp", logs.REDACTED)
+    presigned = "https://b.s3.amazonaws.com/k?X-Amz-Signature=abc123&X-Amz-Security-Token=FQo&x=1"
+    assert "abc123" not in logs.redact(presigned) and "FQo" not in logs.redact(presigned)
     for kept in (
         "content 0af7651916cd43dd8448eb211c80319c is READY",
         "PROCESSING -> TRANSCODING",

@@ -6,8 +6,9 @@ completed as they become known, and read by `RequestFields` when a line is
 written; nobody formats them into messages. `configure` installs one handler
 on the root logger: human lines by default, JSON lines with
 `MIFAMILIAS_LOG_FORMAT=json`. `Redact` is the last guard on that handler: a
-Bearer token, anything shaped like a JWT and anything shaped like an invite
-code is replaced before the line is written, traceback included.
+Bearer token, anything shaped like a JWT, anything shaped like an invite code
+and the signature of a signed URL are replaced before the line is written,
+traceback included.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ def set_operation(name: str | None) -> None:
 
 REDACTED = "[redacted]"
 _BEARER = re.compile(r"(?i)\bbearer\s+[^\s\"'\\,;}\]]+")
+# Signed URLs are capabilities while they last (local media URLs' `sig`, S3's presigned
+# `X-Amz-Signature` and `X-Amz-Security-Token`), and a client may put a token in a URL.
+_URL_SECRET = re.compile(
+    r"(?i)([?&](?:sig|x-amz-signature|x-amz-security-token|token|access_token)=)[^&\s\"']+"
+)
 # A JWT's header always starts with `{"` base64url-encoded: "eyJ". Whatever follows,
 # signature or not, cut or whole, goes.
 _JWT = re.compile(r"eyJ[A-Za-z0-9_\-]{2,}(?:\.[A-Za-z0-9_\-]*){0,2}")
@@ -78,6 +84,7 @@ def redact(text: str) -> str:
     if not text:
         return text
     text = _BEARER.sub("Bearer " + REDACTED, text)
+    text = _URL_SECRET.sub(r"\1" + REDACTED, text)
     text = _JWT.sub(REDACTED, text)
     text = _INVITE_DASHED.sub(REDACTED, text)
     return _INVITE_PLAIN.sub(REDACTED, text)
