@@ -674,3 +674,64 @@ async def test_dynamodb_throttles_and_retries_are_counted() -> None:
     assert sample("mifamilias_store_retries_total", {"operation": "BatchGetItem", "by": "adapter"}) == 1
     assert sample("mifamilias_store_call_seconds_count", {"kind": "get"}) == 1
     assert sample("mifamilias_store_call_seconds_count", {"kind": "batch_get"}) == 1
+
+
+# Settings and the OTLP export -----------------------------------------------------------------------
+
+
+def test_settings_for_observability() -> None:
+    from resolvers.core.config import ConfigError
+
+    assert Settings.from_env({}).otel is False
+    assert Settings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}).otel is True
+    assert (
+        Settings.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c", "MIFAMILIAS_OTEL": "false"}).otel
+        is False
+    )
+    assert Settings.from_env({"MIFAMILIAS_LOG_LEVEL": "debug"}).log_level == "DEBUG"
+    with pytest.raises(ConfigError, match="MIFAMILIAS_LOG_LEVEL"):
+        Settings.from_env({"MIFAMILIAS_LOG_LEVEL": "chatty"})
+    with pytest.raises(ConfigError, match="MIFAMILIAS_LOG_FORMAT"):
+        Settings.from_env({"MIFAMILIAS_LOG_FORMAT": "xml"})
+
+
+class Collector(BaseHTTPRequestHandler):
+    """An OTLP/HTTP collector that keeps the paths it was sent to."""
+
+    paths: ClassVar[list[str]] = []
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.paths.append(self.path)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+async def test_with_otel_on_spans_leave_over_otlp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=collector.serve_forever, daemon=True)
+    thread.start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{collector.server_port}")
+    try:
+        app = create_app(
+            Settings(data_dir=tmp_path, auth_secret=SECRET, otel=True),
+            table=SqliteTable(tmp_path / "t.sqlite3"),
+        )
+        async with app.router.lifespan_context(app):
+            assert app.state.services.tracer is not None
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as http:
+                response = await http.post(
+                    "/graphql",
+                    json={"query": "query Me { me { id } }"},
+                    headers={"Authorization": f"Bearer {token('ana')}"},
+                )
+                assert response.json() == {"data": {"me": {"id": "ana"}}}
+        # The app's end flushed its spans to the collector.
+        assert "/v1/traces" in Collector.paths
+    finally:
+        collector.shutdown()
+        collector.server_close()
