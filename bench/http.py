@@ -61,6 +61,11 @@ def wrk(
     url: str, script: Path, seconds: float, connections: int, timeout: float | None = None
 ) -> tuple[float, float, float]:
     """`timeout`: seconds before wrk counts a request as failed (its default is 2)."""
+    return parse_wrk(wrk_output(url, script, seconds, connections, timeout))
+
+
+def wrk_output(url: str, script: Path, seconds: float, connections: int, timeout: float | None = None) -> str:
+    """wrk's report, as it prints it."""
     binary = shutil.which("wrk")
     if binary is None:
         raise RuntimeError("wrk is not installed (./dev bench installs it)")
@@ -76,7 +81,7 @@ def wrk(
         url,
     ]
     done = subprocess.run(pinned(LOAD_CPU, argv), capture_output=True, text=True, check=True)
-    return parse_wrk(done.stdout)
+    return done.stdout
 
 
 def post(url: str, body: dict[str, Any], authorization: str) -> Any:

@@ -5,12 +5,20 @@ an OTLP/HTTP sink on the load core that accepts and drops them, so encoding and
 export are paid as in production). Interleaved rounds; ratios paired per round
 against metrics off, tracing off.
 
+Besides requests per second, each round reads the server's CPU time
+(/proc/<pid>/stat, every thread, the span exporter's included) and divides it
+by the requests wrk completed: CPU per request does not move when other
+programs share the core, where requests per second does. The capacity ratio is
+the baseline's CPU per request over the way's: what one core would serve.
+
     python -m bench observability [--quick]
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import socket
 import subprocess
 import sys
@@ -31,7 +39,7 @@ from bench.common import (
     token,
     verdict,
 )
-from bench.http import lua_script, post, wrk
+from bench.http import lua_script, parse_wrk, post, wrk, wrk_output
 from bench.processes import LOAD_CPU, Server, graphql_server, pinned
 
 SECTION = "7. Observability cost (uvicorn, 1 core; wrk on the other)"
@@ -46,6 +54,24 @@ BASELINE = "metrics off, tracing off"
 METRICS_TARGET = 0.95  # metrics may cost at most 5% of throughput
 # A traced feed answers slowly under 16 connections: wait for it rather than count it failed.
 TIMEOUT = 30.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system time of the process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(server: Server, url: str, script: Path, sizes: Sizes) -> tuple[float, float]:
+    """(requests per second, server CPU milliseconds per request) for one wrk run."""
+    assert server.process is not None
+    before = cpu_seconds(server.process.pid)
+    output = wrk_output(url, script, sizes.http_seconds, sizes.http_connections, TIMEOUT)
+    spent = cpu_seconds(server.process.pid) - before
+    rps, _, _ = parse_wrk(output)
+    found = re.search(r"^\s*(\d+) requests in", output, re.M)
+    requests = int(found.group(1)) if found else 0
+    return rps, (spent * 1000 / requests if requests else float("nan"))
 
 
 @contextlib.contextmanager
@@ -105,14 +131,11 @@ def run(data_dir: Path, family_id: str, sizes: Sizes, log_dir: Path) -> list[Row
         keys = [(way, query) for query in bodies for way in WAYS]
         for way, query in keys:  # warm-up
             wrk(urls[way], scripts[query], min(2.0, sizes.http_seconds), sizes.http_connections, TIMEOUT)
-        results: dict[tuple[str, str], list[float]] = {key: [] for key in keys}
+        results: dict[tuple[str, str], list[tuple[float, float]]] = {key: [] for key in keys}
         for r in range(sizes.http_rounds):
             shift = r % len(keys)
             for way, query in keys[shift:] + keys[:shift]:
-                rps, _, _ = wrk(
-                    urls[way], scripts[query], sizes.http_seconds, sizes.http_connections, TIMEOUT
-                )
-                results[way, query].append(rps)
+                results[way, query].append(measured(servers[way], urls[way], scripts[query], sizes))
         metrics_page = servers["metrics on, tracing off"].url + "/metrics"
         import urllib.request
 
@@ -121,26 +144,31 @@ def run(data_dir: Path, family_id: str, sizes: Sizes, log_dir: Path) -> list[Row
     return rows_of(results, sizes, series)
 
 
-def rows_of(results: dict[tuple[str, str], list[float]], sizes: Sizes, series: int) -> list[Row]:
+def rows_of(
+    results: dict[tuple[str, str], list[tuple[float, float]]], sizes: Sizes, series: int
+) -> list[Row]:
     rows = []
     for query in ("me", "feed"):
         for way in WAYS:
-            m, s = Stats.of(results[way, query]).fmt(" req/s", 0)
+            rps = Stats.of([x[0] for x in results[way, query]])
+            cpu = Stats.of([x[1] for x in results[way, query]])
+            m, s = rps.fmt(" req/s", 0)
             rows.append(Row(SECTION, f"`{query}` {way}: throughput ({sizes.http_connections} conns)", m, s))
+            m, s = cpu.fmt(" ms", 2)
+            rows.append(Row(SECTION, f"`{query}` {way}: server CPU per request", m, s))
         for way in list(WAYS)[1:]:
-            ratio = ratio_stats(results[way, query], results[BASELINE, query])
-            m, s = ratio.fmt("", 3)
             metrics_only = way == "metrics on, tracing off"
-            rows.append(
-                Row(
-                    SECTION,
-                    f"`{query}` {way} / {BASELINE} (req/s)",
-                    m,
-                    s,
-                    m,
-                    f"≥ {METRICS_TARGET}" if metrics_only else "",
-                    verdict(ratio.median >= METRICS_TARGET) if metrics_only else "",
-                )
+            target = f"≥ {METRICS_TARGET}" if metrics_only else ""
+            by_rps = ratio_stats(
+                [x[0] for x in results[way, query]], [x[0] for x in results[BASELINE, query]]
             )
+            # Capacity: the baseline's CPU per request over this way's, paired per round.
+            by_cpu = ratio_stats(
+                [x[1] for x in results[BASELINE, query]], [x[1] for x in results[way, query]]
+            )
+            for label, ratio in (("req/s", by_rps), ("capacity, from CPU per request", by_cpu)):
+                m, s = ratio.fmt("", 3)
+                met = verdict(ratio.median >= METRICS_TARGET) if metrics_only else ""
+                rows.append(Row(SECTION, f"`{query}` {way} / {BASELINE} ({label})", m, s, m, target, met))
     rows.append(Row(SECTION, "series on /metrics after the run (metrics on)", str(series)))
     return rows
