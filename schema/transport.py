@@ -294,9 +294,13 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
     async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
         # The id the request's (or the connection's) log lines carry.
         found = logs.current.get()
-        context = Context(services=self._services(), request=request, response=response)
-        if found is not None:
-            context.request_id = found.request_id
+        context = (
+            Context(services=self._services(), request=request, response=response)
+            if found is None
+            else Context(
+                services=self._services(), request=request, response=response, request_id=found.request_id
+            )
+        )
         if isinstance(request, Request):
             await context.authenticate(request.headers.get("authorization"))
         return context

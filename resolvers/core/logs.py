@@ -14,10 +14,10 @@ traceback included.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 import time
-import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -40,7 +40,7 @@ current: ContextVar[RequestLog | None] = ContextVar("mifamilias_request_log", de
 
 
 def new_request_id() -> str:
-    return uuid.uuid4().hex[:12]
+    return os.urandom(6).hex()
 
 
 def set_viewer(viewer: str) -> None:
