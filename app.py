@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -31,14 +32,21 @@ from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
 from resolvers.adapters.media_http import media_routes
+from resolvers.core import logs
 from resolvers.core.auth import mint_token
 from resolvers.core.config import ConfigError, Settings
 from resolvers.core.context import Services, utc_now
-from resolvers.runtime import compose, local_blob_store, start_background
+from resolvers.core.metrics import Metrics
+from resolvers.runtime import compose, local_blob_store, observe_table, start_background
+from schema import schema_for
 from schema.graphiql import STATIC_DIR
+from schema.observability import RequestObservability
 from schema.transport import MiFamiliasGraphQL
 from store import keys
 from store.port import Table
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger("mifamilias")
 
@@ -82,15 +90,42 @@ async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> T
     return table
 
 
+def _otlp_tracer_provider() -> TracerProvider:
+    """Spans batched to the OTLP/HTTP endpoint that OpenTelemetry's own
+    variables name (OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_SERVICE_NAME, ...)."""
+    import os
+
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "mifamilias-api"}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider
+
+
 def create_app(
     settings: Settings | None = None,
     *,
     table: Table | None = None,
     clock: Callable[[], datetime] = utc_now,
     wrap_table: Callable[[Table], Table] | None = None,
+    tracer_provider: TracerProvider | None = None,
+    process_metrics: bool = False,
 ) -> Starlette:
+    """The app. `tracer_provider` traces it (tests pass one with an in-memory
+    exporter); without one, `settings.otel` makes one that exports over OTLP."""
     settings = settings or Settings.from_env()
     state = AppState(settings)
+    metrics = Metrics(enabled=settings.metrics)
+    if process_metrics and settings.metrics:
+        metrics.collect_process()  # the process's CPU and memory: one app per process
+    owns_provider = tracer_provider is None and settings.otel
+    if owns_provider:
+        tracer_provider = _otlp_tracer_provider()
+    tracer = tracer_provider.get_tracer("mifamilias") if tracer_provider is not None else None
 
     def services() -> Services:
         if state.services is None:
@@ -100,10 +135,17 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            if owns_provider and tracer_provider is not None:
+                stack.callback(tracer_provider.shutdown)  # last: flushes what the rest traced
             store = table if table is not None else await _open_table(settings, stack)
+            store = observe_table(store, metrics, tracer, settings.table_name)
             if wrap_table is not None:
                 store = wrap_table(store)
-            state.services = await compose(settings, store, stack, local_blobs=local_blobs, clock=clock)
+            state.services = await compose(
+                settings, store, stack, local_blobs=local_blobs, clock=clock, metrics=metrics, tracer=tracer
+            )
+            if settings.metrics and settings.metrics_port is not None:
+                _serve_metrics(metrics, settings, stack)
             app.state.services = state.services
             await start_background(state.services, stack)
             # What exists now lives as long as the process: keep the collector
@@ -141,12 +183,18 @@ def create_app(
             return JSONResponse({"status": "ready"})
         return JSONResponse({"status": "unavailable", "store": store, "broker": broker}, status_code=503)
 
+    async def metrics_page(request: Request) -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
     graphql = MiFamiliasGraphQL(
         services,
         max_body_bytes=settings.max_body_bytes,
         keepalive_seconds=settings.keepalive_seconds,
         # GraphiQL needs introspection: off with it (trusted documents, unless allowed).
         graphql_ide="graphiql" if settings.introspection_allowed else None,
+        schema=schema_for(metrics=settings.metrics, tracing=tracer is not None),
     )
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
@@ -155,11 +203,14 @@ def create_app(
         WebSocketRoute("/graphql", graphql),
         Mount("/static/graphiql", app=StaticFiles(directory=STATIC_DIR), name="graphiql-static"),
     ]
+    if settings.metrics and settings.metrics_port is None:
+        routes.append(Route("/metrics", metrics_page))
     local_blobs = None
     if not settings.s3_bucket:
         local_blobs = local_blob_store(settings)
         routes += media_routes(local_blobs)
-    middleware = []
+    # Outermost of ours: every request's log lines and spans, CORS refusals included.
+    middleware = [Middleware(RequestObservability, tracer=tracer)]
     if settings.allowed_origins:
         middleware.append(
             Middleware(
@@ -172,6 +223,24 @@ def create_app(
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.going_away = going_away
     return app
+
+
+def _serve_metrics(metrics: Metrics, settings: Settings, stack: contextlib.AsyncExitStack) -> None:
+    """`/metrics` on a port of its own (MIFAMILIAS_METRICS_PORT), from a thread,
+    so the API's port does not expose it."""
+    from prometheus_client import start_http_server
+
+    server, thread = start_http_server(
+        settings.metrics_port or 0, addr=settings.host, registry=metrics.registry
+    )
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    stack.callback(stop)
+    log.info("metrics on http://%s:%d/metrics", settings.host, server.server_port)
 
 
 # Command line -------------------------------------------------------------------
@@ -204,13 +273,16 @@ def _serve(settings: Settings) -> None:
             self.config.timeout_graceful_shutdown = max(0, int(deadline - loop.time()))
             await super().shutdown(sockets)
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
+    # Our handler for every logger, uvicorn's included (log_config=None keeps
+    # uvicorn from installing its own): one format, the request's fields, redaction.
+    logs.configure(settings.log_format, settings.log_level)
+    app = create_app(settings, process_metrics=True)
     going_away: Callable[[], Awaitable[None]] = app.state.going_away
     config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
+        log_config=None,
         ws_per_message_deflate=False,
         # A WebSocket frame is bounded like a request body.
         ws_max_size=settings.max_body_bytes,

@@ -1,5 +1,9 @@
 """./dev bench [--quick] [--only 1,2,...] [--out PATH]: every section, one table,
-written to bench/RESULTS.md with the machine and library versions."""
+written to bench/RESULTS.md with the machine and library versions.
+
+./dev bench observability [--quick]: section 7 alone (what metrics and tracing
+cost), printed, and written to bench/RESULTS-observability.md unless --out says
+otherwise."""
 
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ from bench.common import FULL, QUICK, Row, Sizes, bench_settings, in_process_app
 from bench.processes import cpu_count
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = (1, 2, 3, 4, 5, 6)
+SECTIONS = (1, 2, 3, 4, 5, 6, 7)
+NAMED = {"observability": 7}
 
 
 async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[list[Row], str]:
@@ -35,7 +40,7 @@ async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[
 
 
 def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: bool = True) -> list[Row]:
-    from bench import fanout, http, robustness, round_trips, unlock
+    from bench import fanout, http, observability, robustness, round_trips, unlock
 
     def say(text: str) -> None:
         if log:
@@ -43,8 +48,8 @@ def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: b
 
     rows: list[Row] = []
     family_id = ""
-    if 1 in only or 2 in only:
-        say("seeding the feed; section 1 (execution)")
+    if 1 in only or 2 in only or 7 in only:
+        say("seeding the feed; section 1 (execution)" if 1 in only else "seeding the feed")
         more, family_id = asyncio.run(_feed_sections(sizes, tmp, only))
         rows += more
     if 2 in only:
@@ -62,6 +67,9 @@ def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: b
     if 6 in only:
         say("section 6 (robustness)")
         rows += robustness.run(sizes, tmp)
+    if 7 in only:
+        say("section 7 (observability cost)")
+        rows += observability.run(tmp / "data", family_id, sizes, tmp)
     return rows
 
 
@@ -111,11 +119,15 @@ def machine(sizes: Sizes, mode: str, seconds: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="./dev bench")
+    parser.add_argument("section", nargs="?", choices=sorted(NAMED), help="one named section alone")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a first look")
     parser.add_argument("--only", default="", help="comma-separated section numbers, e.g. 1,2")
-    parser.add_argument("--out", type=Path, default=HERE / "RESULTS.md")
+    parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     only = [int(s) for s in args.only.split(",") if s.strip()] or list(SECTIONS)
+    if args.section:
+        only = [NAMED[args.section]]
+    out: Path = args.out or HERE / ("RESULTS.md" if not args.section else f"RESULTS-{args.section}.md")
     sizes = QUICK if args.quick else FULL
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mifamilias-bench-") as tmp:
@@ -136,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if notes.exists():
         text += [notes.read_text().strip(), ""]
-    args.out.write_text("\n".join(text))
-    print(f"\nwrote {args.out}", file=sys.stderr)
+    out.write_text("\n".join(text))
+    print(f"\nwrote {out}", file=sys.stderr)
     return 0
 
 

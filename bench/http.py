@@ -57,7 +57,15 @@ def parse_wrk(output: str) -> tuple[float, float, float]:
     return rps, percentile("50"), percentile("99")
 
 
-def wrk(url: str, script: Path, seconds: float, connections: int) -> tuple[float, float, float]:
+def wrk(
+    url: str, script: Path, seconds: float, connections: int, timeout: float | None = None
+) -> tuple[float, float, float]:
+    """`timeout`: seconds before wrk counts a request as failed (its default is 2)."""
+    return parse_wrk(wrk_output(url, script, seconds, connections, timeout))
+
+
+def wrk_output(url: str, script: Path, seconds: float, connections: int, timeout: float | None = None) -> str:
+    """wrk's report, as it prints it."""
     binary = shutil.which("wrk")
     if binary is None:
         raise RuntimeError("wrk is not installed (./dev bench installs it)")
@@ -67,12 +75,13 @@ def wrk(url: str, script: Path, seconds: float, connections: int) -> tuple[float
         f"-c{connections}",
         f"-d{max(1, round(seconds))}s",
         "--latency",
+        *([f"--timeout={timeout:g}s"] if timeout else []),
         "-s",
         str(script),
         url,
     ]
     done = subprocess.run(pinned(LOAD_CPU, argv), capture_output=True, text=True, check=True)
-    return parse_wrk(done.stdout)
+    return done.stdout
 
 
 def post(url: str, body: dict[str, Any], authorization: str) -> Any:

@@ -10,6 +10,7 @@ import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
 from resolvers.adapters.transcribe import Transcriber
@@ -17,6 +18,8 @@ from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
 from resolvers.core.context import Services, utc_now
 from resolvers.core.cursors import CursorSigner
+from resolvers.core.metrics import Metrics
+from resolvers.core.observed import ObservedTable, botocore_client, engine_of, watch_botocore
 from resolvers.core.persisted import ManifestError, PersistedDocuments, TrustedDocuments, load_manifest
 from resolvers.core.ratelimit import RateLimiter, parse_limits
 from resolvers.domain import capsules
@@ -28,22 +31,43 @@ from resolvers.processes.scheduler import UnlockScheduler
 from store.blobs import BlobStore, LocalBlobStore
 from store.port import Table
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
 log = logging.getLogger("mifamilias.runtime")
 
 ARCHIVE_SWEEP_SECONDS = 600.0
 UPLOAD_SWEEP_SECONDS = 3600.0
 
 
-async def every(seconds: float, name: str, job: Callable[[], Awaitable[object]]) -> None:
-    """Runs `job` now and then every `seconds`; a failure is logged, not fatal."""
+async def every(
+    seconds: float, name: str, job: Callable[[], Awaitable[object]], tracer: Tracer | None = None
+) -> None:
+    """Runs `job` now and then every `seconds`; a failure is logged, not fatal.
+    With tracing, each run is a span: its store calls are one trace, not many."""
     while True:
         try:
-            await job()
+            if tracer is None:
+                await job()
+            else:
+                with tracer.start_as_current_span(name):
+                    await job()
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("%s failed; trying again in %.0f s", name, seconds)
         await asyncio.sleep(seconds)
+
+
+def observe_table(table: Table, metrics: Metrics, tracer: Tracer | None, table_name: str = "") -> Table:
+    """The table with its calls measured (and traced), and DynamoDB's throttles
+    and retries counted; the table itself when there is nothing to observe."""
+    if not metrics.enabled and tracer is None:
+        return table
+    client = botocore_client(table)
+    if client is not None and metrics.enabled:
+        watch_botocore(client, metrics)
+    return ObservedTable(table, metrics, tracer, engine=engine_of(table), name=table_name)
 
 
 async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
@@ -132,18 +156,32 @@ async def compose(
     local_blobs: LocalBlobStore | None = None,
     clock: Callable[[], datetime] = utc_now,
     broker: Broker | None = None,
+    metrics: Metrics | None = None,
+    tracer: Tracer | None = None,
 ) -> Services:
     """Every service of one process, built once and typed. Nothing runs yet:
     `start_background` starts the pipeline's workers and the periodic jobs."""
     _check_trusted_proxies(settings)
     trusted = _trusted_documents(settings)
+    metrics = metrics or Metrics.disabled()
     if broker is None:
-        broker = RedisBroker(settings.redis_url) if settings.redis_url else InProcessBroker()
+        broker = (
+            RedisBroker(settings.redis_url, metrics=metrics)
+            if settings.redis_url
+            else InProcessBroker(metrics=metrics)
+        )
         stack.push_async_callback(broker.close)
     blobs = await _open_blobs(settings, stack, local_blobs)
     transcriber = await _open_transcriber(settings, stack)
     pipeline = Pipeline(
-        table=table, blobs=blobs, broker=broker, settings=settings, clock=clock, transcriber=transcriber
+        table=table,
+        blobs=blobs,
+        broker=broker,
+        settings=settings,
+        clock=clock,
+        transcriber=transcriber,
+        metrics=metrics,
+        tracer=tracer,
     )
     stack.push_async_callback(pipeline.stop)
     exports = ExportBuilder(table=table, blobs=blobs, settings=settings, clock=clock)
@@ -159,13 +197,17 @@ async def compose(
         broker=broker,
         blobs=blobs,
         pipeline=pipeline,
-        scheduler=UnlockScheduler(table=table, broker=broker, settings=settings, clock=clock),
+        scheduler=UnlockScheduler(
+            table=table, broker=broker, settings=settings, clock=clock, metrics=metrics
+        ),
         event_reads=EventReads(),
         persisted=PersistedDocuments(table, clock, trusted=trusted),
         exports=exports,
         accounts=accounts,
         transcriber=transcriber,
         clock=clock,
+        metrics=metrics,
+        tracer=tracer,
     )
 
 
@@ -179,15 +221,23 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
     async def archive_capsules() -> int:
         return await capsules.archive_viewed(services.table, services.now(), settings.capsule_retention_days)
 
+    tracer = services.tracer
     tasks = [
-        asyncio.create_task(every(ARCHIVE_SWEEP_SECONDS, "capsule retention sweep", archive_capsules)),
-        asyncio.create_task(every(settings.unlock_poll_seconds, "unlock scheduler", scheduler.run_once)),
-        asyncio.create_task(every(settings.pipeline_recovery_seconds, "pipeline recovery", pipeline.recover)),
+        asyncio.create_task(
+            every(ARCHIVE_SWEEP_SECONDS, "capsule retention sweep", archive_capsules, tracer)
+        ),
+        asyncio.create_task(
+            every(settings.unlock_poll_seconds, "unlock scheduler", scheduler.run_once, tracer)
+        ),
+        asyncio.create_task(
+            every(settings.pipeline_recovery_seconds, "pipeline recovery", pipeline.recover, tracer)
+        ),
         asyncio.create_task(
             every(
                 ARCHIVE_SWEEP_SECONDS,
                 "archive sweep",
                 lambda: pipeline.archive_due(settings.archive_after_days),
+                tracer,
             )
         ),
         asyncio.create_task(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import aclosing
 from typing import Any
@@ -19,12 +20,14 @@ from strawberry.extensions import (
 )
 from strawberry.types import ExecutionResult
 
+from resolvers.core import logs
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput
 from schema.cost import QueryCost
 from schema.errors import CodedParserCache, ContractErrors
 from schema.guard import ReadGuard, SignedIn
 from schema.mutation import Mutation
+from schema.observability import OperationLog, OperationMetrics, Tracing
 from schema.persisted import IntrospectionGate, RegisterPersisted
 from schema.query import Query
 from schema.subscription import Subscription
@@ -70,7 +73,11 @@ def _deadline(context: object) -> float | None:
     return context.services.settings.operation_deadline_seconds or None
 
 
-def _stopped(deadline: float) -> ExecutionResult:
+def _stopped(deadline: float, context: object) -> ExecutionResult:
+    if isinstance(context, Context):  # the metrics extension was stopped with the operation
+        found = logs.current.get()
+        metrics = context.services.metrics
+        metrics.graphql_error(metrics.operation_label(found.operation if found else None), "BAD_USER_INPUT")
     error = BadInput(
         f"the operation took longer than {deadline:g} s and was stopped; "
         "ask for less (smaller pages, fewer nested lists)"
@@ -81,14 +88,16 @@ def _stopped(deadline: float) -> ExecutionResult:
     )
 
 
-async def _within(results: AsyncGenerator[Any, None], deadline: float) -> AsyncGenerator[Any, None]:
+async def _within(
+    results: AsyncGenerator[Any, None], deadline: float, context: object
+) -> AsyncGenerator[Any, None]:
     """A query's or mutation's stream (one result) run within the deadline."""
     async with aclosing(results):
         try:
             async with asyncio.timeout(deadline):
                 collected = [result async for result in results]
         except TimeoutError:
-            collected = [_stopped(deadline)]
+            collected = [_stopped(deadline, context)]
     for result in collected:
         yield result
 
@@ -102,23 +111,25 @@ class MiFamiliasSchema(strawberry.Schema):
 
     async def execute(self, query: str | None, *args: Any, **kwargs: Any) -> ExecutionResult:
         # Plain HTTP.
-        deadline = _deadline(kwargs.get("context_value", args[1] if len(args) > 1 else None))
+        context = kwargs.get("context_value", args[1] if len(args) > 1 else None)
+        deadline = _deadline(context)
         if deadline is None:
             return await super().execute(query, *args, **kwargs)
         try:
             async with asyncio.timeout(deadline):
                 return await super().execute(query, *args, **kwargs)
         except TimeoutError:
-            return _stopped(deadline)
+            return _stopped(deadline, context)
 
     async def stream(self, query: str | None, *args: Any, **kwargs: Any) -> Any:
         # WebSockets, SSE and multipart: one result for a query or mutation,
         # events for a subscription.
         results = await super().stream(query, *args, **kwargs)
-        deadline = _deadline(kwargs.get("context_value", args[1] if len(args) > 1 else None))
+        context = kwargs.get("context_value", args[1] if len(args) > 1 else None)
+        deadline = _deadline(context)
         if deadline is None or names_subscription(query, kwargs.get("operation_name")):
             return results
-        return _within(results, deadline)
+        return _within(results, deadline, context)
 
     def process_errors(self, errors: Any, execution_context: Any = None) -> None:
         # ContractErrors logs what is unexpected, with the request id; the
@@ -126,12 +137,19 @@ class MiFamiliasSchema(strawberry.Schema):
         return None
 
 
-def build_schema() -> strawberry.Schema:
+def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.Schema:
+    """The schema; `metrics` and `tracing` add their extensions (nothing of
+    them runs in a schema built without)."""
+    observe: list[Any] = [OperationMetrics if metrics else OperationLog]
+    if tracing:
+        observe.append(Tracing)
     return MiFamiliasSchema(
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
         extensions=[
+            # First: they time the hooks of the others, and see the coded errors.
+            *observe,
             ContractErrors,
             FreshLoaders,
             IntrospectionGate,
@@ -151,3 +169,11 @@ def build_schema() -> strawberry.Schema:
 
 
 schema = build_schema()
+
+
+@functools.cache
+def schema_for(*, metrics: bool, tracing: bool) -> strawberry.Schema:
+    """The schema an app with these settings serves: built once per process."""
+    if metrics and not tracing:
+        return schema
+    return build_schema(metrics=metrics, tracing=tracing)

@@ -56,7 +56,8 @@ def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
         # Parse and validation errors, and variables that do not coerce (an
         # unknown enum value, a wrong type): the request itself is wrong.
         return _relabel(error, error.message, {"code": "BAD_USER_INPUT"})
-    log.error("unexpected error (request %s)", request_id, exc_info=original)
+    # The request id is on the line already (resolvers.core.logs), not in the message.
+    log.error("unexpected error", exc_info=original)
     return _relabel(
         error,
         f"Internal server error (request id {request_id})",

@@ -48,6 +48,7 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import Bas
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.graphql import OperationType
 
+from resolvers.core import logs
 from resolvers.core.context import Context, Services
 from resolvers.core.errors import ApiError, PersistedQueryNotFound
 from schema import socket_auth, streams
@@ -184,6 +185,7 @@ class _Guarded:
     view: Any
     connection_acknowledged: bool
     expiry: asyncio.Task[None] | None = None
+    protocol: str = ""
 
     async def _refuse(self, reason: str) -> None:
         raise NotImplementedError
@@ -203,7 +205,8 @@ class _Guarded:
             return
         view.sockets.add(self)
         try:
-            await super().handle()  # type: ignore[misc]
+            with self.context.services.metrics.websocket(self.protocol):
+                await super().handle()  # type: ignore[misc]
         finally:
             view.sockets.discard(self)
 
@@ -263,6 +266,7 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
     """graphql-transport-ws: a refused sign-in, or an expired token, closes with
     4403 and the reason; the server sends a `ping` every keep-alive interval."""
 
+    protocol = GRAPHQL_TRANSPORT_WS_PROTOCOL
     pinger: asyncio.Task[None] | None = None
 
     def _may_sign_in(self, message: Any) -> bool:
@@ -328,6 +332,8 @@ class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
         super().__init__(*args, **kwargs)
         self.schema = _AnyOperation(self.schema)  # type: ignore[assignment]
 
+    protocol = GRAPHQL_WS_PROTOCOL
+
     def _may_sign_in(self, message: Any) -> bool:
         return isinstance(message.get("payload"), dict | None)
 
@@ -379,9 +385,11 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         *,
         max_body_bytes: int,
         keepalive_seconds: float = 12.0,
+        schema: Any = None,
         **kwargs: Any,
     ) -> None:
-        from schema import schema
+        if schema is None:
+            from schema import schema
 
         super().__init__(
             schema,
@@ -513,7 +521,15 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
         return GRAPHIQL_HTML
 
     async def get_context(self, request: Request | WebSocket, response: Any = None) -> Context:
-        context = Context(services=self._services(), request=request, response=response)
+        # The id the request's (or the connection's) log lines carry.
+        found = logs.current.get()
+        context = (
+            Context(services=self._services(), request=request, response=response)
+            if found is None
+            else Context(
+                services=self._services(), request=request, response=response, request_id=found.request_id
+            )
+        )
         if isinstance(request, Request):
             await context.authenticate(request.headers.get("authorization"))
         return context

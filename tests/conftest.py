@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -24,6 +25,38 @@ def aws_env() -> Iterator[None]:
         for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
             patch.delenv(name, raising=False)
         yield
+
+
+class _TokenWatch(logging.Handler):
+    """Notes every log record of the run whose text holds a JWT (tokens start
+    with "eyJ", the encoded `{"`): no code may log a token."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.leaks: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info:
+                text += logging.Formatter().formatException(record.exc_info)
+        except Exception:
+            return
+        if "eyJ" in text:
+            self.leaks.append(f"{record.name}: {text[:300]}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_token_in_logs() -> Iterator[None]:
+    """Across the session, in this process: no log record carries a token (what
+    reaches the root logger at the levels in force; server processes are checked
+    by tests/test_observability.py)."""
+    watch = _TokenWatch()
+    root = logging.getLogger()
+    root.addHandler(watch)
+    yield
+    root.removeHandler(watch)
+    assert not watch.leaks, "tokens in log records:\n" + "\n".join(watch.leaks[:5])
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
     rows = run_sections(TINY, tmp_path, log=False)
     rendered = table(rows)
     sections = {row.section for row in rows}
-    assert {s.split(".")[0] for s in sections} == {"1", "2", "3", "4", "5", "6"}
+    assert {s.split(".")[0] for s in sections} == {"1", "2", "3", "4", "5", "6", "7"}
     measures = [row.measure for row in rows]
     for expected in (
         "Strawberry / graphql-core",
@@ -33,6 +33,8 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
         "/healthz p50 / p99 (ms): (a) amplification query, repeatedly",
         "/healthz p50 / p99 (ms): (c) 30 MB bodies",
         "server RSS growth, (b) peak (MB)",
+        "`me` metrics on, tracing off / metrics off, tracing off (req/s)",
+        "`feed` metrics on, tracing on / metrics off, tracing off (req/s)",
     ):
         assert expected in measures, expected
     assert any(m.startswith("embedded store:") for m in measures)

@@ -15,6 +15,8 @@ from collections import defaultdict
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from resolvers.core.metrics import Metrics
+
 log = logging.getLogger(__name__)
 
 Event = dict[str, Any]
@@ -46,7 +48,8 @@ class Broker(Protocol):
 class _Fanout:
     """Local delivery to the queues of this process's subscribers."""
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self.metrics = metrics or Metrics.disabled()
         self.queues: defaultdict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
         # The delivery still running on each channel: the next waits for it, so
         # every subscriber sees a channel's events in the order they came.
@@ -77,14 +80,20 @@ class _Fanout:
         """Wakes the channel's subscribers a slice at a time: between slices the
         loop serves everything else (health checks, other sockets), so ten
         thousand subscribers of one content never hold it for long."""
-        for n, queue in enumerate(tuple(self.queues.get(channel, ()))):
-            if n and n % DELIVERY_SLICE == 0:
-                await asyncio.sleep(0)
-            try:
-                queue.put_nowait(event)
-            except asyncio.QueueFull:
-                # A subscriber this far behind is stuck; dropping beats unbounded memory.
-                log.warning("dropping an event for a slow subscriber on %s", channel)
+        delivered = dropped = 0
+        try:
+            for n, queue in enumerate(tuple(self.queues.get(channel, ()))):
+                if n and n % DELIVERY_SLICE == 0:
+                    await asyncio.sleep(0)
+                try:
+                    queue.put_nowait(event)
+                    delivered += 1
+                except asyncio.QueueFull:
+                    # A subscriber this far behind is stuck; dropping beats unbounded memory.
+                    dropped += 1
+                    log.warning("dropping an event for a slow subscriber on %s", channel)
+        finally:
+            self.metrics.delivered(channel, delivered, dropped)
 
     @contextlib.asynccontextmanager
     async def listen(self, channel: str) -> AsyncIterator[asyncio.Queue[Event]]:
@@ -106,10 +115,12 @@ async def _drain(queue: asyncio.Queue[Event]) -> AsyncIterator[Event]:
 
 
 class InProcessBroker:
-    def __init__(self) -> None:
-        self._fanout = _Fanout()
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self._fanout = _Fanout(metrics)
+        self.metrics = self._fanout.metrics
 
     async def publish(self, channel: str, event: Event) -> None:
+        self.metrics.published(channel)
         self._fanout.deliver_soon(channel, event)
 
     @contextlib.asynccontextmanager
@@ -128,17 +139,19 @@ class RedisBroker:
     """One Redis connection listens for the whole process; it subscribes to a
     channel while this process has at least one local subscriber to it."""
 
-    def __init__(self, url: str, prefix: str = "mifamilias:") -> None:
+    def __init__(self, url: str, prefix: str = "mifamilias:", *, metrics: Metrics | None = None) -> None:
         import redis.asyncio as redis
 
         self._redis = redis.from_url(url)
         self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         self._prefix = prefix
-        self._fanout = _Fanout()
+        self._fanout = _Fanout(metrics)
+        self.metrics = self._fanout.metrics
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
     async def publish(self, channel: str, event: Event) -> None:
+        self.metrics.published(channel)
         await self._redis.publish(self._prefix + channel, json.dumps(event))
 
     async def _read(self) -> None:

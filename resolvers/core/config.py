@@ -8,9 +8,9 @@ import os
 import secrets
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PositiveFloat, ValidationError
+from pydantic import BeforeValidator, Field, PositiveFloat, ValidationError, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 PREFIX = "MIFAMILIAS_"
@@ -82,6 +82,19 @@ class Settings(BaseSettings):
     allow_introspection: bool | None = None
     # `./dev demo`: its second capsule unlocks this long after the world is seeded.
     demo_unlock_seconds: Annotated[float, Field(ge=5)] = 120.0
+    metrics: bool = True
+    metrics_port: int | None = None
+    otel: bool = False
+    log_format: Literal["text", "json"] = "text"
+    log_level: str = "INFO"
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"):
+            raise ValueError("must be one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        return level
 
     @classmethod
     def settings_customise_sources(
@@ -103,6 +116,11 @@ class Settings(BaseSettings):
             for name in cls.model_fields
             if env.get(PREFIX + name.upper()) not in (None, "")
         }
+        # OpenTelemetry's own variable turns tracing on, unless MIFAMILIAS_OTEL says no.
+        if "otel" not in given and (
+            env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        ):
+            given["otel"] = "true"
         try:
             return cls.model_validate(given)
         except ValidationError as error:

@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from resolvers.core import logs
 from resolvers.core.auth import Claims, TokenExpired, TokenVerifier, bearer_token
 from resolvers.core.config import Settings
 from resolvers.core.cursors import CursorSigner
 from resolvers.core.errors import ApiError, Unauthenticated
 from resolvers.core.loaders import Loaders
+from resolvers.core.metrics import Metrics
 from resolvers.core.persisted import PersistedDocuments
 from resolvers.core.ratelimit import RateLimiter, client_address
 from store import items, keys
 from store.port import ConditionFailed, NotExists, Table
 
 if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
     # Built above this module (they use it); named here for their types only.
     from resolvers.adapters.broker import Broker
     from resolvers.adapters.transcribe import Transcriber
@@ -87,6 +90,8 @@ class Services:
     transcriber: Transcriber | None = None
     clock: Callable[[], datetime] = utc_now
     known_users: KnownUsers = field(default_factory=KnownUsers)
+    metrics: Metrics = field(default_factory=Metrics.disabled)
+    tracer: Tracer | None = None
 
     def now(self) -> datetime:
         return self.clock()
@@ -103,7 +108,8 @@ class Context:
     claims: Claims | None = None
     auth_error: ApiError | None = None
     connection_params: dict[str, Any] | None = None
-    request_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # The request's (or the WebSocket connection's) id, as its log lines carry it.
+    request_id: str = field(default_factory=logs.new_request_id)
     _loaders: Loaders | None = field(default=None, init=False, repr=False)
     # The rate-limit window each action's counter was seen in (see RateLimiter.count).
     _rate_windows: dict[str, int | None] = field(default_factory=dict, init=False, repr=False)
@@ -166,6 +172,7 @@ class Context:
                 return
             self.claims = await self.services.verifier.verify(token)
             self.auth_error = None
+            logs.set_viewer(self.claims.sub)
         except ApiError as error:
             self.claims, self.auth_error = None, error
 

@@ -37,25 +37,26 @@ def _refresh(ctx: Context) -> None:
 
 async def content_status(ctx: Context, content_id: str) -> AsyncIterator[Content]:
     """The content as it is now, then again at every status change."""
-    content, _ = await content_resolvers.readable_content(ctx, content_id)
-    async with _broker(ctx).subscribe(content_channel(content_id)) as events:
-        yield content
-        last = content.status
-        async for event in events:
-            async with _slot(ctx):
-                _refresh(ctx)
-                try:
-                    content, _ = await content_resolvers.readable_content(ctx, content_id)
-                except NotFound:
-                    if await content_resolvers.load_content(ctx, content_id) is None:
-                        return  # deleted: the stream ends
-                    continue  # no longer theirs to see
-                # The content may have moved on while this event travelled: report
-                # the move the event announces, so every state is seen in order.
-                status = str(event.get("status") or content.status)
-                if status != last:
-                    last = status
-                    yield replace(content, status=status)
+    with ctx.services.metrics.subscription("contentStatusChanged"):
+        content, _ = await content_resolvers.readable_content(ctx, content_id)
+        async with _broker(ctx).subscribe(content_channel(content_id)) as events:
+            yield content
+            last = content.status
+            async for event in events:
+                async with _slot(ctx):
+                    _refresh(ctx)
+                    try:
+                        content, _ = await content_resolvers.readable_content(ctx, content_id)
+                    except NotFound:
+                        if await content_resolvers.load_content(ctx, content_id) is None:
+                            return  # deleted: the stream ends
+                        continue  # no longer theirs to see
+                    # The content may have moved on while this event travelled: report
+                    # the move the event announces, so every state is seen in order.
+                    status = str(event.get("status") or content.status)
+                    if status != last:
+                        last = status
+                        yield replace(content, status=status)
 
 
 @dataclass(frozen=True)
@@ -132,33 +133,35 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
 
 
 async def capsules_unlocked(ctx: Context) -> AsyncIterator[tuple[Capsule, str]]:
-    viewer = await ctx.viewer_id()
-    async with _broker(ctx).subscribe(user_channel(viewer, "capsules")) as events:
-        async for event in events:
-            if event.get("kind") != "capsule":
-                continue
-            async with _slot(ctx):
-                _refresh(ctx)
-                try:
-                    capsule = await _unlocked_capsule(ctx, event, viewer)
-                except Exception:
-                    # The store failed this read; the notification stays in the table.
-                    log.exception("could not read capsule %s for a subscriber", event.get("capsuleId"))
+    with ctx.services.metrics.subscription("capsuleUnlocked"):
+        viewer = await ctx.viewer_id()
+        async with _broker(ctx).subscribe(user_channel(viewer, "capsules")) as events:
+            async for event in events:
+                if event.get("kind") != "capsule":
                     continue
-                if capsule is not None:
-                    yield capsule, str(event["unlockedAt"])
+                async with _slot(ctx):
+                    _refresh(ctx)
+                    try:
+                        capsule = await _unlocked_capsule(ctx, event, viewer)
+                    except Exception:
+                        # The store failed this read; the notification stays in the table.
+                        log.exception("could not read capsule %s for a subscriber", event.get("capsuleId"))
+                        continue
+                    if capsule is not None:
+                        yield capsule, str(event["unlockedAt"])
 
 
 async def notifications_added(ctx: Context) -> AsyncIterator[Notification]:
-    viewer = await ctx.viewer_id()
-    async with _broker(ctx).subscribe(user_channel(viewer, "notifications")) as events:
-        async for event in events:
-            if event.get("kind") != "notification" or event.get("userId") != viewer:
-                continue
-            async with _slot(ctx):
-                _refresh(ctx)
-                item = await ctx.loaders.item.load(
-                    keys.notification(viewer, str(event["createdAt"]), str(event["id"]))
-                )
-                if item is not None:
-                    yield Notification.from_item(item)
+    with ctx.services.metrics.subscription("notificationAdded"):
+        viewer = await ctx.viewer_id()
+        async with _broker(ctx).subscribe(user_channel(viewer, "notifications")) as events:
+            async for event in events:
+                if event.get("kind") != "notification" or event.get("userId") != viewer:
+                    continue
+                async with _slot(ctx):
+                    _refresh(ctx)
+                    item = await ctx.loaders.item.load(
+                        keys.notification(viewer, str(event["createdAt"]), str(event["id"]))
+                    )
+                    if item is not None:
+                        yield Notification.from_item(item)

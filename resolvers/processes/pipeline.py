@@ -26,17 +26,19 @@ import asyncio
 import contextlib
 import logging
 import tempfile
+import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from resolvers.adapters import media
 from resolvers.adapters.broker import Broker
 from resolvers.adapters.transcribe import Transcriber, TranscriptionError
 from resolvers.core.config import Settings
+from resolvers.core.metrics import Metrics
 from resolvers.domain import notifications
 from resolvers.domain.content import original_key, publish_status
 from store import keys
@@ -56,11 +58,21 @@ from store.port import (
     eq,
 )
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
+
 log = logging.getLogger("mifamilias.pipeline")
 
 QUEUE_SIZE = 100
 # The kinds that pass through TRANSCRIBING: those that can carry speech.
 TRANSCRIBED = frozenset({ContentType.VIDEO, ContentType.AUDIO})
+
+
+@dataclass
+class Job:
+    """One content's walk: the step it is on, for the failure's label."""
+
+    step: str = "check"
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,8 @@ class Pipeline:
         settings: Settings,
         clock: Callable[[], datetime],
         transcriber: Transcriber | None = None,
+        metrics: Metrics | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.table = table
         self.blobs = blobs
@@ -100,6 +114,9 @@ class Pipeline:
         # claim cancelled on its way may still have landed), left noted when the
         # work is cancelled, so that `stop` hands the lease back.
         self._holding: set[str] = set()
+        self.metrics = metrics or Metrics.disabled()
+        self.tracer = tracer
+        self.metrics.watch_queue(self.queue.qsize)
 
     # Running --------------------------------------------------------------------
 
@@ -189,7 +206,13 @@ class Pipeline:
         self._holding.add(content_id)
         cancelled = False
         try:
-            await self._process(content_id)
+            if self.tracer is None:
+                await self._process(content_id)
+            else:
+                with self.tracer.start_as_current_span(
+                    "pipeline job", attributes={"mifamilias.content.id": content_id}
+                ):
+                    await self._process(content_id)
         except asyncio.CancelledError:
             cancelled = True  # stays noted: `stop` hands the lease back
             raise
@@ -202,21 +225,45 @@ class Pipeline:
         if claimed is None:
             return
         heartbeat = asyncio.create_task(self._renew(content_id))
+        job = Job()
         try:
             with tempfile.TemporaryDirectory(prefix="mifamilias-") as workdir:
                 try:
-                    await self._walk(Content.from_item(claimed), claimed, Path(workdir))
+                    await self._walk(Content.from_item(claimed), claimed, Path(workdir), job)
                 except (media.MediaError, TranscriptionError) as error:
                     detail = getattr(error, "detail", None)
                     log.info("content %s failed: %s %s", content_id, error, detail or "")
+                    reason = "media" if isinstance(error, media.MediaError) else "transcription"
+                    self.metrics.pipeline_failed(job.step, reason)
+                    self.metrics.pipeline_job("failed")
                     await self._fail(content_id, str(error))
                 except Exception:
                     log.exception("pipeline: content %s failed unexpectedly", content_id)
+                    self.metrics.pipeline_failed(job.step, "unexpected")
+                    self.metrics.pipeline_job("failed")
                     await self._fail(content_id, "processing failed unexpectedly; retry later")
+                else:
+                    self.metrics.pipeline_job("ready")
         finally:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+
+    @contextlib.contextmanager
+    def _step(self, job: Job, name: str) -> Iterator[None]:
+        """One step: timed, traced (a child of the job's span), named for a failure."""
+        job.step = name
+        started = time.perf_counter()
+        span = (
+            self.tracer.start_as_current_span(f"pipeline {name}")
+            if self.tracer is not None
+            else contextlib.nullcontext()
+        )
+        try:
+            with span:
+                yield
+        finally:
+            self.metrics.pipeline_step_done(name, time.perf_counter() - started)
 
     async def _renew(self, content_id: str) -> None:
         """Keeps the lease while the work goes on: a third of it at a time."""
@@ -273,23 +320,26 @@ class Pipeline:
         await publish_status(self.broker, moved)
         return moved
 
-    async def _walk(self, content: Content, claimed: Item, workdir: Path) -> None:
+    async def _walk(self, content: Content, claimed: Item, workdir: Path, job: Job) -> None:
         """Runs the steps left from the claimed status on; a resumed walk takes
         what earlier steps recorded from the claimed item."""
         source = workdir / "original"
         outputs: Outputs | None = None
         if content.status == ContentStatus.PROCESSING:
-            await self.blobs.fetch_to_file(original_key(content), source)
-            await self._check(content, source)
+            with self._step(job, "check"):
+                await self.blobs.fetch_to_file(original_key(content), source)
+                await self._check(content, source)
             if content.type == ContentType.TEXT:
                 # A note has nothing to transcode or transcribe: its original is its media.
-                await self._ready(content, mediaKey=original_key(content), hasAudio=False)
+                with self._step(job, "finish"):
+                    await self._ready(content, mediaKey=original_key(content), hasAudio=False)
                 return
             content = await self._move(content, ContentStatus.TRANSCODING)
         if content.status == ContentStatus.TRANSCODING:
-            if not source.exists():
-                await self.blobs.fetch_to_file(original_key(content), source)
-            outputs = await self._transcode(content, source, workdir)
+            with self._step(job, "transcode"):
+                if not source.exists():
+                    await self.blobs.fetch_to_file(original_key(content), source)
+                outputs = await self._transcode(content, source, workdir)
             made = {
                 "mediaKey": outputs.media_key,
                 "thumbnailKey": outputs.thumbnail_key,
@@ -300,14 +350,17 @@ class Pipeline:
                 made["capturedAt"] = outputs.captured_at
             if content.type not in TRANSCRIBED:
                 # A photo's derivatives are real work; there is nothing to transcribe.
-                await self._ready(content, **made)
+                with self._step(job, "finish"):
+                    await self._ready(content, **made)
                 return
             content = await self._move(content, ContentStatus.TRANSCRIBING, **made)
         if content.status == ContentStatus.TRANSCRIBING:
             has_audio = outputs.has_audio if outputs else bool(claimed.get("hasAudio"))
             media_format = outputs.media_format if outputs else claimed.get("mediaFormat")
-            transcription = await self._transcribe(content, has_audio, media_format)
-            await self._ready(content, transcription=transcription)
+            with self._step(job, "transcribe"):
+                transcription = await self._transcribe(content, has_audio, media_format)
+            with self._step(job, "finish"):
+                await self._ready(content, transcription=transcription)
 
     async def _ready(self, content: Content, **changes: Any) -> None:
         ready_at = iso(self.clock())

@@ -27,12 +27,13 @@ from typing import TypeVar
 
 from resolvers.adapters.broker import Broker, user_channel
 from resolvers.core.config import Settings
+from resolvers.core.metrics import Metrics
 from resolvers.domain.access import READERS
 from resolvers.domain.notifications import announce, notification_id
 from resolvers.domain.tags import unseal_ops
 from store import keys
 from store.enums import CapsuleStatus, ContentStatus, NotificationType
-from store.items import Capsule, Content, Notification, iso
+from store.items import Capsule, Content, Notification, iso, parse_iso
 from store.port import (
     ConditionFailed,
     Exists,
@@ -62,6 +63,12 @@ class PassResult:
     waiting: int = 0
     told_empty: int = 0
     failed: int = 0
+    # The unlock date of the oldest due capsule this pass left short of AVAILABLE.
+    oldest_pending: str | None = None
+
+    def pending(self, unlock_date: str) -> None:
+        if self.oldest_pending is None or unlock_date < self.oldest_pending:
+            self.oldest_pending = unlock_date
 
 
 @dataclass
@@ -75,9 +82,16 @@ class DueReads:
 
 class UnlockScheduler:
     def __init__(
-        self, *, table: Table, broker: Broker | None, settings: Settings, clock: Callable[[], datetime]
+        self,
+        *,
+        table: Table,
+        broker: Broker | None,
+        settings: Settings,
+        clock: Callable[[], datetime],
+        metrics: Metrics | None = None,
     ) -> None:
         self.table = table
+        self.metrics = metrics or Metrics.disabled()
         self.broker = broker
         self.clock = clock
         self.shards = settings.unlock_shards
@@ -99,6 +113,10 @@ class UnlockScheduler:
                 await self._advance(start, day + timedelta(days=1))
                 start = day + timedelta(days=1)
             day += timedelta(days=1)
+        lag = 0.0
+        if result.oldest_pending is not None:
+            lag = (now - parse_iso(result.oldest_pending)).total_seconds()
+        self.metrics.scheduler_pass(lag)
         if result.unlocked or result.waiting or result.told_empty:
             log.info(
                 "unlock pass: %d opened, %d waiting for content, %d creators told their capsule is empty",
@@ -162,6 +180,13 @@ class UnlockScheduler:
         unlocking += [c for c in won if c is not None]
         reads = await self._due_reads(unlocking)
         finished = await self._each(unlocking, lambda capsule: self._finish(capsule, reads, result), result)
+        # Due and not AVAILABLE yet: whatever was LOCKED or UNLOCKING and did not
+        # finish here (waiting for content, failed, or another process's to finish).
+        # A SCHEDULED capsule never opens (no content by its date): it does not count.
+        opened = {capsule.id for capsule, done in zip(unlocking, finished, strict=True) if done is True}
+        for capsule in due:
+            if capsule.status in (CapsuleStatus.LOCKED, CapsuleStatus.UNLOCKING) and capsule.id not in opened:
+                result.pending(capsule.unlock_date)
         # A lost win means another process has it; a failed step is retried next pass.
         return result.failed > failed_before or any(done is not True for done in finished)
 
@@ -284,6 +309,7 @@ class UnlockScheduler:
             return False
         self._mine.discard(capsule.id)
         result.unlocked += 1
+        self.metrics.capsule_unlocked()
         await self._publish(capsule, unlocking_at, people, notes)
         return True
 

@@ -128,7 +128,13 @@ async def open_table(engine: str, tmp_path: Path, moto_url: str | None) -> Async
 
 @contextlib.asynccontextmanager
 async def running_api(
-    engine: str, blobs: str, tmp_path: Path, request: pytest.FixtureRequest, **changes: Any
+    engine: str,
+    blobs: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    *,
+    tracer_provider: Any = None,
+    **changes: Any,
 ) -> AsyncIterator[Api]:
     needs_moto = engine == "dynamodb" or blobs == "s3"
     moto_url = request.getfixturevalue("moto_server") if needs_moto else None
@@ -143,7 +149,7 @@ async def running_api(
     )
     async with open_table(engine, tmp_path, moto_url) as table:
         counting = CountingTable(table)
-        app = create_app(settings, table=counting, clock=clock)
+        app = create_app(settings, table=counting, clock=clock, tracer_provider=tracer_provider)
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
