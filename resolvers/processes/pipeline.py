@@ -246,8 +246,10 @@ class Pipeline:
                     self.metrics.pipeline_job("ready")
         finally:
             heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            # Waits for the heartbeat to stop without swallowing a cancel of this
+            # task (`stop` cancelling the worker just now): suppressing
+            # CancelledError here would keep the worker alive and `stop` waiting.
+            await asyncio.gather(heartbeat, return_exceptions=True)
 
     @contextlib.contextmanager
     def _step(self, job: Job, name: str) -> Iterator[None]:
