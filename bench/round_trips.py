@@ -123,6 +123,18 @@ def operations(api: InProcessApi, world: dict[str, Any]) -> list[Op]:
         data = await api.ok("query($f: ID!) { family(id: $f) { inviteCode } }", {"f": f}, as_="ana")
         return {"code": data["family"]["inviteCode"]}
 
+    async def uploading() -> dict[str, Any]:
+        data = await api.ok(
+            "mutation($i: CreateUploadInput!) { createUpload(input: $i) { content { id } } }",
+            {"i": {"familyId": f, "type": "TEXT", "mimeType": "text/plain", "sizeBytes": 5}},
+            as_="ben",
+        )
+        return {"id": data["createUpload"]["content"]["id"]}
+
+    async def requested_export() -> dict[str, Any]:
+        data = await api.ok("mutation { requestDataExport { id } }", as_="cy")
+        return {"id": data["requestDataExport"]["id"]}
+
     def fixed(**variables: Any) -> Setup:
         async def given() -> dict[str, Any]:
             return variables
@@ -291,6 +303,21 @@ def operations(api: InProcessApi, world: dict[str, Any]) -> list[Op]:
             "ben",
             archived_content,
         ),
+        Op(
+            "resumeUpload",
+            "mutation($id: ID!) { resumeUpload(contentId: $id) { uploadUrl receivedParts } }",
+            "ben",
+            uploading,
+        ),
+        Op("requestDataExport", "mutation { requestDataExport { id status } }", "dee"),
+        Op(
+            "dataExport",
+            "query($id: ID!) { dataExport(id: $id) { id status expiresAt } }",
+            "cy",
+            requested_export,
+        ),
+        # Last: it takes eve out of the world.
+        Op("deleteMyAccount", "mutation { deleteMyAccount }", "eve"),
     ]
 
 
