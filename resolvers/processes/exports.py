@@ -137,8 +137,9 @@ class ExportBuilder:
             return False
         finally:
             heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            # As in the pipeline: suppressing CancelledError here would swallow a
+            # cancel of this worker by `stop`, which would then wait for ever.
+            await asyncio.gather(heartbeat, return_exceptions=True)
             if not cancelled:
                 self._holding.pop((user_id, export_id), None)
 
