@@ -91,6 +91,10 @@ class CapsuleConnection:
 
 @strawberry.type
 class CapsuleUnlockedEvent:
+    id: strawberry.ID = strawberry.field(
+        description="stable event id, the same on every process and after a restart: "
+        "pass it as `after` to resume the stream"
+    )
     capsule: Capsule
     unlocked_at: datetime
 

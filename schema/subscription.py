@@ -14,15 +14,27 @@ from schema.notification import Notification
 @strawberry.type
 class Subscription:
     @strawberry.subscription(
-        description="every capsule the viewer created or receives, as it becomes AVAILABLE"
+        description="every capsule the viewer created or receives, as it becomes AVAILABLE; "
+        "with `after` (an event id), first those that opened since that event, oldest first"
     )
-    async def capsule_unlocked(self, info: Info) -> AsyncGenerator[CapsuleUnlockedEvent, None]:
-        async for capsule, unlocked_at in live.capsules_unlocked(info.context):
-            yield CapsuleUnlockedEvent(capsule=Capsule(item=capsule), unlocked_at=when(unlocked_at))
+    async def capsule_unlocked(
+        self, info: Info, after: strawberry.ID | None = None
+    ) -> AsyncGenerator[CapsuleUnlockedEvent, None]:
+        stream = live.capsules_unlocked(info.context, str(after) if after is not None else None)
+        async for capsule, unlocked_at, event_id in stream:
+            yield CapsuleUnlockedEvent(
+                id=strawberry.ID(event_id), capsule=Capsule(item=capsule), unlocked_at=when(unlocked_at)
+            )
 
-    @strawberry.subscription(description="every notification addressed to the viewer, as it is created")
-    async def notification_added(self, info: Info) -> AsyncGenerator[Notification, None]:
-        async for note in live.notifications_added(info.context):
+    @strawberry.subscription(
+        description="every notification addressed to the viewer, as it is created; with `after` "
+        "(a notification id), first those created since that one, oldest first"
+    )
+    async def notification_added(
+        self, info: Info, after: strawberry.ID | None = None
+    ) -> AsyncGenerator[Notification, None]:
+        stream = live.notifications_added(info.context, str(after) if after is not None else None)
+        async for note in stream:
             yield Notification(item=note)
 
     @strawberry.subscription(

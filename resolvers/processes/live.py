@@ -1,23 +1,36 @@
 """Live events for subscriptions. Events carry ids; each subscriber re-reads
 what it is told about with fresh loaders and its own authorization, so a
-member removed from a family stops receiving that family's events."""
+member removed from a family stops receiving that family's events.
+
+The person-addressed streams can resume: every event a person receives is one
+of their notifications (a capsule's opening is their CAPSULE_UNLOCKED
+notification, whose id is derived from the capsule and the person), so the
+event id is that notification's id, the same on every process and after a
+restart. With `after`, a stream subscribes to its channel first, then reads the
+viewer's notifications newer than `after` from the table and sends them oldest
+first, then goes on live; what the replay sent is dropped when it also comes
+live, so there is neither a gap nor a duplicate at the seam.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from resolvers.adapters.broker import Broker, content_channel, user_channel
 from resolvers.core.context import Context
-from resolvers.core.errors import NotFound
+from resolvers.core.errors import BadInput, NotFound
 from resolvers.domain import access
 from resolvers.domain import content as content_resolvers
+from resolvers.domain.notifications import notification_id
 from store import keys
+from store.enums import NotificationType
 from store.items import Capsule, Content, Notification
-from store.port import Item
+from store.port import Item, SortKey
 
 log = logging.getLogger("mifamilias.live")
 
@@ -132,36 +145,128 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
     return capsule if await access.may_read(ctx, capsule) else None
 
 
-async def capsules_unlocked(ctx: Context) -> AsyncIterator[tuple[Capsule, str]]:
+# Resuming ---------------------------------------------------------------------
+
+# How far back `after` is looked for: a phone offline for days still finds its
+# place; an id older than this asks the client to refetch instead.
+REPLAY_LIMIT = 1000
+# Event ids a stream remembers to drop repeats: at-least-once delivery (a
+# recovery pass publishing again) and the replay seam both repeat recent ones.
+REMEMBERED = 256
+
+
+class Seen:
+    """The ids a stream has sent, the most recent `REMEMBERED` of them."""
+
+    def __init__(self) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+
+    def __contains__(self, event_id: str) -> bool:
+        return event_id in self._ids
+
+    def first_time(self, event_id: str) -> bool:
+        if event_id in self._ids:
+            return False
+        self._ids[event_id] = None
+        if len(self._ids) > REMEMBERED:
+            self._ids.popitem(last=False)
+        return True
+
+
+async def _notifications_after(ctx: Context, viewer: str, after: str) -> list[Notification]:
+    """The viewer's notifications newer than the one `after` names, oldest first."""
+    newer: list[Notification] = []
+    cursor: str | None = None
+    while len(newer) < REPLAY_LIMIT:
+        page = await ctx.table.query(
+            keys.user_pk(viewer),
+            SortKey.begins_with(keys.NOTIFICATION_PREFIX),
+            descending=True,
+            limit=100,
+            cursor=cursor,
+        )
+        for item in page.items:
+            if item["id"] == after:
+                return newer[::-1]
+            newer.append(Notification.from_item(item))
+        if page.cursor is None:
+            break
+        cursor = page.cursor
+    raise BadInput(
+        f"after: no event {after!r} among your last {REPLAY_LIMIT} notifications; "
+        "subscribe without `after` and refetch what you missed"
+    )
+
+
+def capsule_event_id(capsule_id: str, viewer: str) -> str:
+    """A capsule's opening as this viewer's event: their notification's id."""
+    return notification_id(NotificationType.CAPSULE_UNLOCKED, capsule_id, viewer)
+
+
+def _capsule_event(note: Notification) -> dict[str, object]:
+    return {"kind": "capsule", "capsuleId": note.capsule_id, "unlockedAt": note.created_at}
+
+
+async def capsules_unlocked(
+    ctx: Context, after: str | None = None
+) -> AsyncIterator[tuple[Capsule, str, str]]:
+    """(capsule, unlocked at, event id) for every capsule the viewer may read
+    as it opens; with `after`, first those that opened since that event."""
     with ctx.services.metrics.subscription("capsuleUnlocked"):
         viewer = await ctx.viewer_id()
+        seen = Seen()
         async with _broker(ctx).subscribe(user_channel(viewer, "capsules")) as events:
+            if after is not None:
+                for note in await _notifications_after(ctx, viewer, after):
+                    if note.type != NotificationType.CAPSULE_UNLOCKED or not note.capsule_id:
+                        continue
+                    async with _slot(ctx):
+                        opened = await _capsule_for(ctx, _capsule_event(note), viewer)
+                        if opened is not None and seen.first_time(note.id):
+                            yield opened, note.created_at, note.id
             async for event in events:
                 if event.get("kind") != "capsule":
                     continue
+                event_id = capsule_event_id(str(event["capsuleId"]), viewer)
+                if event_id in seen:
+                    continue
                 async with _slot(ctx):
-                    _refresh(ctx)
-                    try:
-                        capsule = await _unlocked_capsule(ctx, event, viewer)
-                    except Exception:
-                        # The store failed this read; the notification stays in the table.
-                        log.exception("could not read capsule %s for a subscriber", event.get("capsuleId"))
-                        continue
-                    if capsule is not None:
-                        yield capsule, str(event["unlockedAt"])
+                    opened = await _capsule_for(ctx, event, viewer)
+                    if opened is not None and seen.first_time(event_id):
+                        yield opened, str(event["unlockedAt"]), event_id
 
 
-async def notifications_added(ctx: Context) -> AsyncIterator[Notification]:
+async def _capsule_for(ctx: Context, event: dict[str, object], viewer: str) -> Capsule | None:
+    """The capsule an event names, if this viewer may read it (the caller holds a slot)."""
+    _refresh(ctx)
+    try:
+        return await _unlocked_capsule(ctx, event, viewer)
+    except Exception:
+        # The store failed this read; the notification stays in the table.
+        log.exception("could not read capsule %s for a subscriber", event.get("capsuleId"))
+        return None
+
+
+async def notifications_added(ctx: Context, after: str | None = None) -> AsyncIterator[Notification]:
+    """Every notification addressed to the viewer as it is created; with
+    `after`, first those created since that one."""
     with ctx.services.metrics.subscription("notificationAdded"):
         viewer = await ctx.viewer_id()
+        seen = Seen()
         async with _broker(ctx).subscribe(user_channel(viewer, "notifications")) as events:
+            if after is not None:
+                for note in await _notifications_after(ctx, viewer, after):
+                    if seen.first_time(note.id):
+                        yield note
             async for event in events:
                 if event.get("kind") != "notification" or event.get("userId") != viewer:
+                    continue
+                if str(event["id"]) in seen:
                     continue
                 async with _slot(ctx):
                     _refresh(ctx)
                     item = await ctx.loaders.item.load(
                         keys.notification(viewer, str(event["createdAt"]), str(event["id"]))
                     )
-                    if item is not None:
+                    if item is not None and seen.first_time(str(item["id"])):
                         yield Notification.from_item(item)
