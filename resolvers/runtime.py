@@ -41,10 +41,15 @@ UPLOAD_SWEEP_SECONDS = 3600.0
 
 
 async def every(
-    seconds: float, name: str, job: Callable[[], Awaitable[object]], tracer: Tracer | None = None
+    seconds: float,
+    name: str,
+    job: Callable[[], Awaitable[object]],
+    tracer: Tracer | None = None,
+    wait: Callable[[], float] | None = None,
 ) -> None:
-    """Runs `job` now and then every `seconds`; a failure is logged, not fatal.
-    With tracing, each run is a span: its store calls are one trace, not many."""
+    """Runs `job` now and then every `seconds` (or as long as `wait` says after
+    each run); a failure is logged, not fatal. With tracing, each run is a
+    span: its store calls are one trace, not many."""
     while True:
         try:
             if tracer is None:
@@ -56,7 +61,9 @@ async def every(
             raise
         except Exception:
             log.exception("%s failed; trying again in %.0f s", name, seconds)
-        await asyncio.sleep(seconds)
+            await asyncio.sleep(seconds)
+            continue
+        await asyncio.sleep(seconds if wait is None else wait())
 
 
 def observe_table(table: Table, metrics: Metrics, tracer: Tracer | None, table_name: str = "") -> Table:
@@ -227,7 +234,13 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
             every(ARCHIVE_SWEEP_SECONDS, "capsule retention sweep", archive_capsules, tracer)
         ),
         asyncio.create_task(
-            every(settings.unlock_poll_seconds, "unlock scheduler", scheduler.run_once, tracer)
+            every(
+                settings.unlock_poll_seconds,
+                "unlock scheduler",
+                scheduler.run_once,
+                tracer,
+                wait=scheduler.seconds_to_next_pass,
+            )
         ),
         asyncio.create_task(
             every(settings.pipeline_recovery_seconds, "pipeline recovery", pipeline.recover, tracer)

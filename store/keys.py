@@ -193,6 +193,16 @@ def unlock_checkpoint() -> Key:
     return ("SCHEDULER", "UNLOCK_CHECKPOINT")
 
 
+def unlock_outbox_pk(shard: int) -> str:
+    return f"OUTBOX#UNLOCKED#{shard}"
+
+
+def unlock_outbox(committed_at: str, capsule_id: str, shards: int) -> Key:
+    """A capsule's unlock events still to publish, written by the unlock's own
+    transaction and deleted once they are out: the outbox recovery reads."""
+    return (unlock_outbox_pk(unlock_shard_of(capsule_id, shards)), f"{committed_at}#{capsule_id}")
+
+
 def readiness_probe() -> Key:
     """Read by /readyz: an item that never exists, so the read is the cheapest there is."""
     return ("PROBE", "READINESS")

@@ -2,14 +2,23 @@
 make each capsule's unlock happen exactly once however many run.
 
 One pass:
-1. For each day from the checkpoint to today, and each shard, read the due
-   entries of `UNLOCK#<day>#<shard>` on GSI2 (SCHEDULED, LOCKED, UNLOCKING).
-2. LOCKED: win it with a conditional LOCKED -> UNLOCKING (the loser skips it).
-3. UNLOCKING (just won, or left by a crash): once the content is READY, one
-   transaction makes the capsule AVAILABLE, drops its GSI2 keys, puts the
-   content in the feed, stamps the recipients and writes one notification per
-   person with an id derived from the capsule, so a replay cannot duplicate it.
-   Only the process whose transaction commits publishes the events.
+1. For each day from the checkpoint to today, and each shard, read the entries
+   of `UNLOCK#<day>#<shard>` on GSI2 (SCHEDULED, LOCKED, UNLOCKING) due up to
+   one poll ahead: the due ones are handled now, the earliest of the others
+   says when to wake next (so delivery follows the unlock date, not the poll).
+2. LOCKED: win it with a conditional LOCKED -> UNLOCKING (a loser skips it),
+   in small batches taken in a random order, so that processes waking together
+   share a burst of due capsules instead of one of them taking it all.
+3. UNLOCKING (just won, or left by a crash): once the content is READY, in
+   steps that can each be replayed:
+   - one notification per person, in batches of conditional puts with ids
+     derived from the capsule, and the recipients' `notifiedAt` stamps;
+   - one transaction makes the capsule AVAILABLE, puts the content in the feed,
+     unseals its tags, and writes an outbox item naming who is to be told;
+   - the events go out in one batched publish, then the outbox item goes.
+   A process that dies anywhere leaves either an UNLOCKING capsule (taken
+   over once abandoned) or an outbox item (published again by the next pass
+   on any process): delivery is at least once, and streams drop repeats.
 4. SCHEDULED (no content by its date): stays closed; its creator is told once.
 5. A past day with nothing left to open moves the checkpoint past it, so a
    server that was down for days catches up without scanning the table.
@@ -20,12 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+import random
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import TypeVar
 
-from resolvers.adapters.broker import Broker, user_channel
+from resolvers.adapters.broker import Broker, Event, user_channel
 from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
 from resolvers.domain.access import READERS
@@ -55,6 +65,13 @@ T = TypeVar("T")
 
 CONCURRENCY = 8
 FIRST_LOOKBACK_DAYS = 1
+# LOCKED capsules a process wins at a time before finishing them: small, so that
+# processes that woke together interleave their batches and share the work.
+CLAIM_BATCH = 8
+# Items per write transaction (DynamoDB's limit is 100).
+TRANSACTION_ITEMS = 100
+# An outbox item this old has lost its publisher (a crash): any pass publishes it.
+OUTBOX_GRACE = timedelta(seconds=5)
 
 
 @dataclass
@@ -65,10 +82,17 @@ class PassResult:
     failed: int = 0
     # The unlock date of the oldest due capsule this pass left short of AVAILABLE.
     oldest_pending: str | None = None
+    # The earliest unlock date seen ahead of now (within a poll): when to wake.
+    next_due: str | None = None
+    republished: int = 0
 
     def pending(self, unlock_date: str) -> None:
         if self.oldest_pending is None or unlock_date < self.oldest_pending:
             self.oldest_pending = unlock_date
+
+    def upcoming(self, unlock_date: str) -> None:
+        if self.next_due is None or unlock_date < self.next_due:
+            self.next_due = unlock_date
 
 
 @dataclass
@@ -95,10 +119,12 @@ class UnlockScheduler:
         self.broker = broker
         self.clock = clock
         self.shards = settings.unlock_shards
+        self.poll = timedelta(seconds=settings.unlock_poll_seconds)
         # How long an UNLOCKING capsule may sit before another process finishes it.
         self.abandoned_after = timedelta(seconds=settings.abandoned_unlock_seconds)
         # Capsules this process won and has not finished yet.
         self._mine: set[str] = set()
+        self._next_due: str | None = None
 
     async def run_once(self) -> PassResult:
         now = self.clock()
@@ -106,25 +132,41 @@ class UnlockScheduler:
         today = now.date()
         start = await self._checkpoint(today)
         result = PassResult()
+        result.republished = await self._republish(now)
+        ahead = iso(now + self.poll)
         day = start
-        while day <= today:
-            leftover = await self._day(day, now_iso, result)
+        while day <= (now + self.poll).date():
+            leftover = await self._day(day, now_iso, ahead, result)
             if day < today and not leftover and day == start:
                 await self._advance(start, day + timedelta(days=1))
                 start = day + timedelta(days=1)
             day += timedelta(days=1)
+        self._next_due = result.next_due
         lag = 0.0
         if result.oldest_pending is not None:
             lag = (now - parse_iso(result.oldest_pending)).total_seconds()
         self.metrics.scheduler_pass(lag)
-        if result.unlocked or result.waiting or result.told_empty:
+        if result.unlocked or result.waiting or result.told_empty or result.republished:
             log.info(
-                "unlock pass: %d opened, %d waiting for content, %d creators told their capsule is empty",
+                "unlock pass: %d opened, %d waiting for content, %d creators told their capsule is empty, "
+                "%d published again from the outbox",
                 result.unlocked,
                 result.waiting,
                 result.told_empty,
+                result.republished,
             )
         return result
+
+    def seconds_to_next_pass(self) -> float:
+        """Until the next capsule due within a poll, or a poll: what a process
+        waits between passes, so that a capsule opens at its date, not up to a
+        poll later."""
+        poll = self.poll.total_seconds()
+        if self._next_due is None:
+            return poll
+        # A hair past the date, so that the pass finds it due.
+        wait = (parse_iso(self._next_due) - self.clock()).total_seconds() + 0.005
+        return max(0.0, min(poll, wait))
 
     # The checkpoint: the first day that may still hold something to open ------------
 
@@ -144,51 +186,59 @@ class UnlockScheduler:
 
     # One day ----------------------------------------------------------------------
 
-    async def _day(self, day: date, now_iso: str, result: PassResult) -> bool:
+    async def _day(self, day: date, now_iso: str, ahead: str, result: PassResult) -> bool:
         """Handles one day's due capsules; True when some still wait there.
 
-        In phases, so each capsule costs two writes and a share of one batch
-        get: win the LOCKED ones, read every UNLOCKING one's content at once,
-        then finish each in its own transaction."""
+        In phases, so each capsule costs a few writes and a share of one batch
+        get: finish what this process owns or what was abandoned, then win the
+        LOCKED ones a small batch at a time, read each batch's content at once,
+        and finish each capsule of it."""
         failed_before = result.failed
         pages = await asyncio.gather(
-            *(
-                self._due(keys.unlock_day_shard(day.isoformat(), shard), now_iso)
-                for shard in range(self.shards)
-            )
+            *(self._due(keys.unlock_day_shard(day.isoformat(), shard), ahead) for shard in range(self.shards))
         )
-        due = [Capsule.from_item(item) for page in pages for item in page]
+        due: list[Capsule] = []
+        for item in (item for page in pages for item in page):
+            capsule = Capsule.from_item(item)
+            if capsule.unlock_date <= now_iso:
+                due.append(capsule)
+            elif capsule.status == CapsuleStatus.LOCKED:
+                result.upcoming(capsule.unlock_date)
         for capsule in due:
             if capsule.status == CapsuleStatus.SCHEDULED:
                 await self._guarded(capsule, self._tell_empty(capsule, result), result)
-        won = await self._each(
-            [c for c in due if c.status == CapsuleStatus.LOCKED],
-            lambda capsule: self._win(capsule, now_iso),
-            result,
-        )
         # UNLOCKING capsules another process won a moment ago are theirs to finish;
         # only those left alone for a while (a crash) are taken over.
         abandoned = iso(self.clock() - self.abandoned_after)
-        self._mine.update(c.id for c in won if c is not None)
         unlocking = [
             c
             for c in due
             if c.status == CapsuleStatus.UNLOCKING
-            and c.id not in self._mine
-            and (c.unlocking_at or c.unlock_date) < abandoned
-        ] + [c for c in due if c.status == CapsuleStatus.UNLOCKING and c.id in self._mine]
-        unlocking += [c for c in won if c is not None]
-        reads = await self._due_reads(unlocking)
-        finished = await self._each(unlocking, lambda capsule: self._finish(capsule, reads, result), result)
+            and (c.id in self._mine or (c.unlocking_at or c.unlock_date) < abandoned)
+        ]
+        locked = [c for c in due if c.status == CapsuleStatus.LOCKED]
+        random.shuffle(locked)  # processes racing for a burst meet less often
+        opened: set[str] = set()
+        batches = [unlocking] + [locked[n : n + CLAIM_BATCH] for n in range(0, len(locked), CLAIM_BATCH)]
+        for n, batch in enumerate(batches):
+            if n > 0:
+                won = await self._each(batch, lambda capsule: self._win(capsule, now_iso), result)
+                batch = [c for c in won if c is not None]
+                self._mine.update(c.id for c in batch)
+            if not batch:
+                continue
+            reads = await self._due_reads(batch)
+            finished = await self._each(batch, lambda capsule: self._finish(capsule, reads, result), result)
+            opened.update(c.id for c, done in zip(batch, finished, strict=True) if done is True)
         # Due and not AVAILABLE yet: whatever was LOCKED or UNLOCKING and did not
         # finish here (waiting for content, failed, or another process's to finish).
         # A SCHEDULED capsule never opens (no content by its date): it does not count.
-        opened = {capsule.id for capsule, done in zip(unlocking, finished, strict=True) if done is True}
+        left = False
         for capsule in due:
             if capsule.status in (CapsuleStatus.LOCKED, CapsuleStatus.UNLOCKING) and capsule.id not in opened:
                 result.pending(capsule.unlock_date)
-        # A lost win means another process has it; a failed step is retried next pass.
-        return result.failed > failed_before or any(done is not True for done in finished)
+                left = True
+        return result.failed > failed_before or left
 
     async def _each(
         self, capsules: list[Capsule], step: Callable[[Capsule], Awaitable[T]], result: PassResult
@@ -231,13 +281,13 @@ class UnlockScheduler:
                 reads.summaries[item["contentId"]] = item
         return reads
 
-    async def _due(self, partition: str, now_iso: str) -> list[Item]:
+    async def _due(self, partition: str, until: str) -> list[Item]:
         found: list[Item] = []
         cursor: str | None = None
         while True:
-            # The sort key starts with the unlock date: everything up to now is due.
+            # The sort key starts with the unlock date: everything up to `until`.
             page = await self.table.query(
-                partition, SortKey("<=", now_iso + "~"), index="GSI2", limit=500, cursor=cursor
+                partition, SortKey("<=", until + "~"), index="GSI2", limit=500, cursor=cursor
             )
             found += page.items
             if page.cursor is None:
@@ -281,6 +331,12 @@ class UnlockScheduler:
             )
             for user in people
         ]
+        # Before the capsule opens, in replayable batches: a capsule of any size.
+        await asyncio.gather(
+            self._write_notes(notes),
+            self._stamp(capsule, [user for user in capsule.recipient_ids if user in readers], unlocking_at),
+        )
+        outbox = keys.unlock_outbox(iso(self.clock()), capsule.id, self.shards)
         ops: list[WriteOp] = [
             Update(
                 capsule.key,
@@ -289,14 +345,21 @@ class UnlockScheduler:
                 condition=eq("status", CapsuleStatus.UNLOCKING),
             ),
             Update(content.key, set=content.feed_keys(), condition=Exists()),
-            *(
-                Update(keys.recipient(capsule.id, user), set={"notifiedAt": unlocking_at}, condition=Exists())
-                for user in capsule.recipient_ids
-                if user in readers
-            ),
-            *(Put(note.to_item(), NotExists()) for note in notes),
             # The content leaves its capsule: its tags now count for everyone.
             *await unseal_ops(self.table, content, reads.summaries.get(content.id)),
+            # Who is to be told, committed with the opening: if this process dies
+            # before its publish is out, a later pass publishes from here.
+            Put(
+                {
+                    "PK": outbox[0],
+                    "SK": outbox[1],
+                    "type": "UnlockOutbox",
+                    "capsuleId": capsule.id,
+                    "unlockedAt": unlocking_at,
+                    "people": people,
+                },
+                NotExists(),
+            ),
         ]
         try:
             await self.table.transact(ops)
@@ -310,21 +373,87 @@ class UnlockScheduler:
         self._mine.discard(capsule.id)
         result.unlocked += 1
         self.metrics.capsule_unlocked()
-        await self._publish(capsule, unlocking_at, people, notes)
+        await self._publish(capsule.id, unlocking_at, people, outbox)
         return True
 
-    async def _publish(
-        self, capsule: Capsule, unlocked_at: str, people: list[str], notes: list[Notification]
-    ) -> None:
-        broker = self.broker
-        if broker is None:
-            return
-        for user in people:
-            await broker.publish(
-                user_channel(user, "capsules"),
-                {"kind": "capsule", "capsuleId": capsule.id, "unlockedAt": unlocked_at},
+    async def _write_notes(self, notes: Sequence[Notification]) -> None:
+        """Each note once: a batch is one transaction of conditional puts; a batch
+        a crashed pass had partly written goes note by note."""
+
+        async def batch(chunk: Sequence[Notification]) -> None:
+            try:
+                await self.table.transact([Put(note.to_item(), NotExists()) for note in chunk])
+            except TransactionCancelled:
+                for note in chunk:
+                    with contextlib.suppress(ConditionFailed):
+                        await self.table.put(note.to_item(), NotExists())
+
+        await asyncio.gather(
+            *(batch(notes[n : n + TRANSACTION_ITEMS]) for n in range(0, len(notes), TRANSACTION_ITEMS))
+        )
+
+    async def _stamp(self, capsule: Capsule, recipients: Sequence[str], at: str) -> None:
+        """The recipients' `notifiedAt`, in transactions of up to 100 (replaying one sets the same)."""
+        stamps: list[WriteOp] = [
+            Update(keys.recipient(capsule.id, user), set={"notifiedAt": at}, condition=Exists())
+            for user in recipients
+        ]
+        await asyncio.gather(
+            *(
+                self.table.transact(stamps[n : n + TRANSACTION_ITEMS])
+                for n in range(0, len(stamps), TRANSACTION_ITEMS)
             )
-        await announce(broker, notes)
+        )
+
+    async def _publish(
+        self, capsule_id: str, unlocked_at: str, people: Sequence[str], outbox: tuple[str, str]
+    ) -> None:
+        """Every person's two events in one batched publish, then the outbox item goes."""
+        broker = self.broker
+        if broker is not None:
+            events: list[tuple[str, Event]] = []
+            for user in people:
+                events.append(
+                    (
+                        user_channel(user, "capsules"),
+                        {"kind": "capsule", "capsuleId": capsule_id, "unlockedAt": unlocked_at},
+                    )
+                )
+                events.append(
+                    (
+                        user_channel(user, "notifications"),
+                        {
+                            "kind": "notification",
+                            "userId": user,
+                            "createdAt": unlocked_at,
+                            "id": notification_id(NotificationType.CAPSULE_UNLOCKED, capsule_id, user),
+                        },
+                    )
+                )
+            await broker.publish_many(events)
+        await self.table.delete(outbox)
+
+    async def _republish(self, now: datetime) -> int:
+        """Publishes what a process committed and did not get out (it died in
+        between): outbox items older than the grace a live publisher needs."""
+        stale = iso(now - OUTBOX_GRACE)
+        pages = await asyncio.gather(
+            *(
+                self.table.query(keys.unlock_outbox_pk(shard), SortKey("<", stale), limit=100)
+                for shard in range(self.shards)
+            )
+        )
+        published = 0
+        for item in (item for page in pages for item in page.items):
+            try:
+                await self._publish(
+                    item["capsuleId"], item["unlockedAt"], list(item["people"]), (item["PK"], item["SK"])
+                )
+            except Exception:
+                log.exception("could not publish the unlock of capsule %s again", item.get("capsuleId"))
+                continue
+            published += 1
+        return published
 
     async def _tell_empty(self, capsule: Capsule, result: PassResult) -> None:
         if capsule.creator_told_empty:
