@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
@@ -228,7 +229,9 @@ class UnlockScheduler:
             if not batch:
                 continue
             reads = await self._due_reads(batch)
-            finished = await self._each(batch, lambda capsule: self._finish(capsule, reads, result), result)
+            finished = await self._each(
+                batch, functools.partial(self._finish, reads=reads, result=result), result
+            )
             opened.update(c.id for c, done in zip(batch, finished, strict=True) if done is True)
         # Due and not AVAILABLE yet: whatever was LOCKED or UNLOCKING and did not
         # finish here (waiting for content, failed, or another process's to finish).
