@@ -67,9 +67,15 @@ class Capsule:
     def notification_sent(self) -> bool:
         return self.item.notification_sent
 
-    @strawberry.field
-    async def recipients(self, info: Info) -> list[Recipient]:
-        return [Recipient(item=r) for r in await capsules.recipients(info.context, self.item)]
+    @strawberry.field(
+        description="the recipients in the order the creator chose them, `first` (at most 100) "
+        "at a time after the recipient whose user id is `after`"
+    )
+    async def recipients(
+        self, info: Info, first: int = capsules.RECIPIENT_PAGE, after: strawberry.ID | None = None
+    ) -> list[Recipient]:
+        found = await capsules.recipients(info.context, self.item, first, str(after) if after else None)
+        return [Recipient(item=r) for r in found]
 
     @strawberry.field(description="null for everyone but the creator until the capsule is AVAILABLE")
     async def content(self, info: Info) -> Content | None:

@@ -10,7 +10,8 @@ a plain list's size is the bound the domain sets (`ASSUMED_SIZES`, else
 
 An operation over `MIFAMILIAS_MAX_QUERY_COST` is refused with BAD_USER_INPUT and
 `extensions.cost = {estimated, limit}`. Variables are bounded too: no list of
-more than `MAX_LIST_ITEMS` items, whatever the field.
+more than `MAX_LIST_ITEMS` items, but for the few the domain bounds itself
+(`LONG_LISTS`).
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ from schema.guard import refuse
 
 DEFAULT_LIST_SIZE = 20
 MAX_LIST_ITEMS = 100
+# Lists the domain bounds higher, by the input field that holds them: a capsule
+# may go to the whole family.
+LONG_LISTS = {"recipientIds": MAX_RECIPIENTS}
 # Plain lists whose size the domain bounds ("Type.field" -> most items).
 ASSUMED_SIZES = {
-    "Capsule.recipients": MAX_RECIPIENTS,
     "Content.reactions": 20,
     "Content.tags": 5 * MAX_TAGS,
     "Mutation.setTags": MAX_TAGS,
@@ -117,7 +120,10 @@ class Estimate:
             return 0
         first = self._first(node, definition)
         size = 1
-        if is_list:
+        if is_list and first is not None:
+            # A plain list with its own page size (Capsule.recipients).
+            size, first = first, None
+        elif is_list:
             size = page if page is not None else ASSUMED_SIZES.get(f"{parent.name}.{name}", DEFAULT_LIST_SIZE)
         count = times * size
         return count + self.selection(node.selection_set, inner, count, first)
@@ -143,7 +149,7 @@ def estimate_cost(
 def _lists(value: Any, path: str) -> Iterator[tuple[str, int]]:
     if isinstance(value, list):
         yield path, len(value)
-        for item in value[:MAX_LIST_ITEMS]:
+        for item in value[: max(MAX_LIST_ITEMS, *LONG_LISTS.values())]:
             yield from _lists(item, path)
     elif isinstance(value, dict):
         for key, item in value.items():
@@ -165,8 +171,9 @@ class QueryCost(SchemaExtension):
         variables = self.execution_context.variables or {}
         for name, value in variables.items():
             for path, length in _lists(value, f"${name}"):
-                if length > MAX_LIST_ITEMS:
-                    error = BadInput(f"{path} holds {length} items; at most {MAX_LIST_ITEMS} are accepted")
+                bound = LONG_LISTS.get(path.rsplit(".", 1)[-1].lstrip("$"), MAX_LIST_ITEMS)
+                if length > bound:
+                    error = BadInput(f"{path} holds {length} items; at most {bound} are accepted")
                     return GraphQLError(error.message, original_error=error)
         limit = context.services.settings.max_query_cost
         schema = self.execution_context.schema._schema

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, Forbidden
-from resolvers.core.pagination import ItemPage, query_page
+from resolvers.core.pagination import MAX_PAGE, ItemPage, query_page
 from resolvers.core.validation import clean_text
 from resolvers.domain import access, families
 from store import keys
@@ -33,9 +33,11 @@ from store.port import (
 )
 
 MAX_TITLE = 200
-# The unlock transaction holds the capsule, the content, two items per recipient,
-# the creator's notification, and up to two items that count the content's tags.
-MAX_RECIPIENTS = 47
+TRANSACTION_ITEMS = 100  # DynamoDB's limit
+# A capsule may go to the whole family: its writes that touch every recipient are
+# batched (`_in_transactions`), so no single transaction bounds it any more.
+MAX_RECIPIENTS = families.MAX_MEMBERS
+RECIPIENT_PAGE = MAX_PAGE
 MAX_YEARS_AHEAD = 100
 OPEN = access.OPEN
 
@@ -70,8 +72,19 @@ async def capsule_content(ctx: Context, capsule: Capsule) -> Content | None:
     return Content.from_item(item) if item else None
 
 
-async def recipients(ctx: Context, capsule: Capsule) -> list[Recipient]:
-    found = await ctx.loaders.many([keys.recipient(capsule.id, user) for user in capsule.recipient_ids])
+async def recipients(
+    ctx: Context, capsule: Capsule, first: int = RECIPIENT_PAGE, after: str | None = None
+) -> list[Recipient]:
+    """A page of the recipients, in the creator's order, after the user `after`."""
+    if not 0 <= first <= MAX_PAGE:
+        raise BadInput(f"first must be between 0 and {MAX_PAGE}")
+    people = list(capsule.recipient_ids)
+    if after is not None:
+        if after not in people:
+            raise BadInput("after must be the user id of one of the capsule's recipients")
+        people = people[people.index(after) + 1 :]
+    wanted = [keys.recipient(capsule.id, user) for user in people[:first]]
+    found = await ctx.loaders.many(wanted)
     return [Recipient.from_item(item) for item in found if item is not None]
 
 
@@ -115,10 +128,27 @@ async def create_capsule(
         created_at=ctx.services.now_iso(),
         recipient_ids=tuple(wanted),
     )
-    ops: list[WriteOp] = [Put(capsule.to_item(shards(ctx)), NotExists())]
-    ops += [Put(Recipient(capsule.id, user, unlock, family_id).to_item(), NotExists()) for user in wanted]
-    await ctx.counted("capsule", ctx.table.transact(ops))
+    people: list[WriteOp] = [
+        Put(Recipient(capsule.id, user, unlock, family_id).to_item(), NotExists()) for user in wanted
+    ]
+    head, rest = _split(people)
+    # Recipients past the first transaction's room go first: without their
+    # capsule they are invisible, and the capsule's own put is the commit.
+    await _in_transactions(ctx.table, rest)
+    await ctx.counted("capsule", ctx.table.transact([Put(capsule.to_item(shards(ctx)), NotExists()), *head]))
     return capsule
+
+
+def _split(ops: list[WriteOp]) -> tuple[list[WriteOp], list[WriteOp]]:
+    """What fits beside the capsule's own write in one transaction, and the rest."""
+    return ops[: TRANSACTION_ITEMS - 1], ops[TRANSACTION_ITEMS - 1 :]
+
+
+async def _in_transactions(table: Table, ops: list[WriteOp]) -> None:
+    """Replayable writes to many recipients, in transactions of at most 100."""
+    await asyncio.gather(
+        *(table.transact(ops[n : n + TRANSACTION_ITEMS]) for n in range(0, len(ops), TRANSACTION_ITEMS))
+    )
 
 
 async def schedule_capsule(ctx: Context, capsule_id: str) -> Capsule:
@@ -129,16 +159,22 @@ async def schedule_capsule(ctx: Context, capsule_id: str) -> Capsule:
         raise BadInput("the unlock date has passed; create a new capsule")
     scheduled = replace(capsule, status=CapsuleStatus.SCHEDULED)
     item = scheduled.to_item(shards(ctx))
+    listed: list[WriteOp] = []
+    for user in capsule.recipient_ids:
+        gsi1pk, gsi1sk = keys.recipient_gsi1(user, capsule.unlock_date, capsule.id)
+        listed.append(Update(keys.recipient(capsule.id, user), set={"GSI1PK": gsi1pk, "GSI1SK": gsi1sk}))
+    head, rest = _split(listed)
+    # Listed before the capsule is SCHEDULED: the read rule hides a DRAFT from
+    # its recipients, so a crash in between shows nobody anything.
+    await _in_transactions(ctx.table, rest)
     ops: list[WriteOp] = [
         Update(
             capsule.key,
             set={"status": CapsuleStatus.SCHEDULED, "GSI2PK": item["GSI2PK"], "GSI2SK": item["GSI2SK"]},
             condition=eq("status", CapsuleStatus.DRAFT),
         ),
+        *head,
     ]
-    for user in capsule.recipient_ids:
-        gsi1pk, gsi1sk = keys.recipient_gsi1(user, capsule.unlock_date, capsule.id)
-        ops.append(Update(keys.recipient(capsule.id, user), set={"GSI1PK": gsi1pk, "GSI1SK": gsi1sk}))
     try:
         await ctx.table.transact(ops)
     except TransactionCancelled as error:
@@ -159,14 +195,17 @@ async def cancel_capsule(ctx: Context, capsule_id: str) -> Capsule:
             condition=eq("status", capsule.status),
         ),
     ]
-    ops += [
+    unlisted: list[WriteOp] = [
         Update(keys.recipient(capsule.id, user), remove=["GSI1PK", "GSI1SK"])
         for user in capsule.recipient_ids
     ]
+    head, rest = _split(unlisted)
     try:
-        await ctx.table.transact(ops)
+        await ctx.table.transact([*ops, *head])
     except TransactionCancelled as error:
         raise Conflict("the capsule changed meanwhile; it may be LOCKED now") from error
+    # Unlisted after the capsule is CANCELLED: the read rule already hides it.
+    await _in_transactions(ctx.table, rest)
     ctx.loaders.forget(capsule.key)
     return replace(capsule, status=CapsuleStatus.CANCELLED)
 

@@ -30,12 +30,16 @@ from store.port import (
     Update,
     WriteOp,
     all_of,
+    any_of,
     eq,
 )
 
 TRUST_LEVELS = (TrustLevel.OPEN, TrustLevel.VOUCHED, TrustLevel.CLOSED)
 MAX_FAMILY_NAME = 100
 MAX_VOUCH_THRESHOLD = 100
+# A family's size limit, kept by a count on the family item that each join
+# raises under a condition: it also bounds a capsule's recipients.
+MAX_MEMBERS = 1000
 
 # People read codes aloud: no 0/O, 1/l/I. 31 symbols, 10 of them: 49 bits.
 INVITE_ALPHABET = "23456789ABCDEFGHJKMNPQRSTUVWXYZ"
@@ -176,7 +180,7 @@ async def create_family(ctx: Context, name: str, trust_level: str, vouch_thresho
             invite_code=new_invite_code(),
             created_at=now,
         )
-        family_item = family.to_item() | {"adminCount": 1}
+        family_item = family.to_item() | {"adminCount": 1, "memberCount": 1}
         ops: list[WriteOp] = [
             Put(family_item, NotExists()),
             Put(items.Invite(family.invite_code, family.id).to_item(), NotExists()),
@@ -276,11 +280,19 @@ async def join_family(ctx: Context, invite_code: str) -> Membership:
             [
                 Check(invite.key, eq("familyId", family.id)),
                 *_join_ops(membership),
+                Update(
+                    family.key,
+                    add={"memberCount": 1},
+                    # Families from before the count start counting at their next join.
+                    condition=any_of(NotExists("memberCount"), Compare("memberCount", "<", MAX_MEMBERS)),
+                ),
             ]
         )
     except TransactionCancelled as error:
         if error.failed_on(membership.key) or error.failed_on(keys.user_family(viewer, family.id)):
             raise Conflict("you are already in this family") from error
+        if error.failed_on(family.key):
+            raise Conflict(f"this family is full: a family has at most {MAX_MEMBERS} members") from error
         raise BadInput("that invite code is not valid; check it with the family's admin") from error
     ctx.loaders.remember(membership.to_item())
     await notifications.member_joined(ctx, family, membership)
@@ -353,7 +365,15 @@ async def _leave(ctx: Context, family: Family, target: Membership) -> None:
     ]
     if target.role == Role.ADMIN:
         # The admin count on the family item makes "never the last ADMIN" race-free.
-        ops.append(Update(family.key, add={"adminCount": -1}, condition=Compare("adminCount", ">", 1)))
+        ops.append(
+            Update(
+                family.key,
+                add={"adminCount": -1, "memberCount": -1},
+                condition=Compare("adminCount", ">", 1),
+            )
+        )
+    else:
+        ops.append(Update(family.key, add={"memberCount": -1}, condition=Exists()))
     vouches = await ctx.table.query(
         keys.family_pk(family.id), SortKey.begins_with(keys.vouch_prefix(target.user_id))
     )
