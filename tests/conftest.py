@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
 from collections.abc import Iterator
+from types import FrameType
 
 import pytest
 
@@ -93,3 +97,20 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield redis.url
     finally:
         redis.stop()
+
+
+def _print_tasks(signum: int, frame: FrameType | None) -> None:
+    """`kill -USR1 <pytest pid>` writes every asyncio task's stack to
+    /tmp/asyncio-tasks-<pid>.txt: a hung test shows where it waits (pytest
+    captures stderr, and faulthandler shows threads only)."""
+    loop = asyncio._get_running_loop()
+    with open(f"/tmp/asyncio-tasks-{os.getpid()}.txt", "w") as out:
+        if loop is None:
+            print("no running event loop", file=out)
+            return
+        for task in asyncio.all_tasks(loop):
+            print(f"--- {task.get_name()} {task.get_coro()}", file=out)
+            task.print_stack(limit=20, file=out)
+
+
+signal.signal(signal.SIGUSR1, _print_tasks)

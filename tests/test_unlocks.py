@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from gql import Client, GraphQLRequest
 from gql.transport.websockets import WebsocketsTransport
@@ -204,3 +205,185 @@ async def test_a_process_killed_mid_batch_is_finished_by_the_next(
         and i["familyId"] == family_id
     )
     assert set(notes.values()) == {1} and sum(notes.values()) == 200 * 3
+
+
+async def listen_for(server: ServerProcess, person: str, received: dict[str, list[str]], query: str) -> None:
+    token = mint_token(SECRET, person)
+    transport = WebsocketsTransport(url=server.ws_url, init_payload={"Authorization": f"Bearer {token}"})
+    async with Client(transport=transport) as session:
+        async for event in session.subscribe(GraphQLRequest(query)):
+            received[person].append(event["capsuleUnlocked"]["capsule"]["id"])
+
+
+async def subscribed(servers: list[ServerProcess], count: int) -> bool:
+    """Whether `count` capsuleUnlocked subscriptions run on these servers (their /metrics)."""
+    total = 0.0
+    async with httpx.AsyncClient() as client:
+        for server in servers:
+            text = (await client.get(f"{server.url}/metrics")).text
+            for line in text.splitlines():
+                if line.startswith('mifamilias_subscriptions_active{subscription="capsuleUnlocked"}'):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total >= count
+
+
+async def until(check: Any, seconds: float = 120) -> None:
+    """Polls `check` until it holds; the deadline bounds a failure only."""
+    deadline = time.monotonic() + seconds
+    while not await check():
+        assert time.monotonic() < deadline, "timed out waiting"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_capsule_for_300_opens_once_under_two_processes(
+    moto_server: str, redis_url: str, shared_table: DynamoTable, servers: list[ServerProcess], tmp_path: Path
+) -> None:
+    run = uuid.uuid4().hex[:6]
+    creator, recipients = f"creator{run}", [f"r{n:03d}x{run}" for n in range(300)]
+    family_id = f"fam{run}"
+    env = server_env(moto_server, shared_table, redis_url)
+    servers += [ServerProcess(tmp_path / "a", env).start(), ServerProcess(tmp_path / "b", env).start()]
+    await shared_table.batch_write(family_rows(family_id, creator, recipients))
+    received: dict[str, list[str]] = {person: [] for person in recipients}
+    query = "subscription { capsuleUnlocked { id capsule { id } } }"
+    listeners = [
+        asyncio.create_task(listen_for(servers[n % 2], person, received, query))
+        for n, person in enumerate(recipients)
+    ]
+    try:
+        await until(lambda: subscribed(servers, len(recipients)))
+        capsule_id, rows = capsule_rows(
+            family_id, creator, recipients, datetime.now(UTC) + timedelta(seconds=1), SHARDS, tag="big"
+        )
+        await shared_table.batch_write(rows)
+
+        async def everyone_heard() -> bool:
+            return all(capsule_id in got for got in received.values())
+
+        await until(everyone_heard)
+        # A sentinel capsule for everyone: a duplicate would come before it.
+        sentinel, more = capsule_rows(
+            family_id, creator, recipients, datetime.now(UTC), SHARDS, tag="sentinel"
+        )
+        await shared_table.batch_write(more)
+
+        async def sentinel_heard() -> bool:
+            return all(sentinel in got for got in received.values())
+
+        await until(sentinel_heard)
+    finally:
+        for task in listeners:
+            task.cancel()
+    assert all(got == [capsule_id, sentinel] for got in received.values())
+    everything = await scan(shared_table)
+    notes = Counter(
+        i["userId"]
+        for i in everything
+        if i.get("type") == "Notification" and i.get("capsuleId") == capsule_id
+    )
+    assert notes == Counter({person: 1 for person in [creator, *recipients]})
+    assert not [i for i in everything if str(i["PK"]).startswith("OUTBOX#")]
+
+
+class FreezableProxy:
+    """A TCP proxy to Redis that can stop passing bytes: a process whose
+    publish goes through it is held between its commit and its publish."""
+
+    def __init__(self, target: str) -> None:
+        address = target.split("//", 1)[1].split("/", 1)[0]
+        self.host, port = address.rsplit(":", 1)
+        self.port = int(port)
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._connect, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"redis://127.0.0.1:{port}/0"
+
+    async def _connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(self.host, self.port)
+        await asyncio.gather(
+            self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer), return_exceptions=True
+        )
+        writer.close()
+        upstream_writer.close()
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            await self.flowing.wait()
+            writer.write(data)
+            await writer.drain()
+
+    def close(self) -> None:
+        self.flowing.set()
+        if self.server is not None:
+            self.server.close()
+
+
+async def test_a_process_killed_between_commit_and_publish_is_delivered_by_recovery(
+    moto_server: str, redis_url: str, shared_table: DynamoTable, servers: list[ServerProcess], tmp_path: Path
+) -> None:
+    run = uuid.uuid4().hex[:6]
+    creator, recipients = f"creator{run}", [f"r{n}x{run}" for n in range(4)]
+    family_id = f"fam{run}"
+    await shared_table.batch_write(family_rows(family_id, creator, recipients))
+    # The subscribers' server: its scheduler sleeps an hour after a first pass
+    # that finds nothing, so it opens nothing here.
+    host = ServerProcess(
+        tmp_path / "host",
+        server_env(moto_server, shared_table, redis_url) | {"MIFAMILIAS_UNLOCK_POLL_SECONDS": "3600"},
+    )
+    servers.append(host.start())
+    received: dict[str, list[str]] = {person: [] for person in recipients}
+    query = "subscription { capsuleUnlocked { id capsule { id } } }"
+    listeners = [asyncio.create_task(listen_for(host, person, received, query)) for person in recipients]
+    proxy = FreezableProxy(redis_url)
+    try:
+        # The committing server publishes through the proxy, which stops passing
+        # bytes before the capsule is due: it commits, then hangs in its publish.
+        committer = ServerProcess(
+            tmp_path / "committer", server_env(moto_server, shared_table, await proxy.start())
+        )
+        servers.append(committer.start())
+        proxy.flowing.clear()
+        await until(lambda: subscribed([host], len(recipients)))
+        capsule_id, rows = capsule_rows(
+            family_id, creator, recipients, datetime.now(UTC) + timedelta(seconds=1), SHARDS, tag="kill"
+        )
+        await shared_table.batch_write(rows)
+        capsule_key = next((r["PK"], r["SK"]) for r in rows if r["type"] == "Capsule")
+
+        async def committed() -> bool:
+            capsule = await shared_table.get(capsule_key)
+            outbox = [i for i in await scan(shared_table) if str(i["PK"]).startswith("OUTBOX#")]
+            return bool(capsule and capsule["status"] == "AVAILABLE" and outbox)
+
+        await until(committed)
+        committer.kill()  # SIGKILL, its publish still held in the proxy
+        assert received == {person: [] for person in recipients}
+        # Any other process's pass publishes what the outbox holds.
+        servers.append(
+            ServerProcess(tmp_path / "rescuer", server_env(moto_server, shared_table, redis_url)).start()
+        )
+
+        async def everyone_heard() -> bool:
+            return all(capsule_id in got for got in received.values())
+
+        await until(everyone_heard)
+        sentinel, more = capsule_rows(
+            family_id, creator, recipients, datetime.now(UTC), SHARDS, tag="sentinel"
+        )
+        await shared_table.batch_write(more)
+
+        async def sentinel_heard() -> bool:
+            return all(sentinel in got for got in received.values())
+
+        await until(sentinel_heard)
+    finally:
+        proxy.close()
+        for task in listeners:
+            task.cancel()
+    assert all(got == [capsule_id, sentinel] for got in received.values()), received
+    assert not [i for i in await scan(shared_table) if str(i["PK"]).startswith("OUTBOX#")]

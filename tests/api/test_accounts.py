@@ -175,7 +175,10 @@ def check_end_state(before: Snapshot, after: Snapshot, scene: Scene) -> None:
     b_note, summary = keys.content(ids["b_note"]), keys.content_tags(ids["b_note"])
     eve, any_s = keys.member(scene.f1, "eve"), keys.tagset_any(scene.f1, "S")
     c_ben = keys.capsule(ids["c_ben"])
-    assert changed == {b_note, summary, eve, any_s, c_ben}
+    # The family ana left counts one member fewer.
+    family = keys.family(scene.f1)
+    assert changed == {b_note, summary, eve, any_s, c_ben, family}
+    assert after[family]["memberCount"] == before[family]["memberCount"] - 1
 
     def differs(key: tuple[str, str]) -> dict[str, tuple[Any, Any]]:
         names = set(before[key]) | set(after[key])
