@@ -24,7 +24,8 @@ from aiosmtpd.controller import Controller
 from resolvers.core.auth import mint_token
 from resolvers.core.config import ConfigError, Settings, SmtpTarget, parse_smtp_url
 from resolvers.domain import mail
-from resolvers.processes.mailer import Mailer
+from resolvers.processes.mailer import Mailer, MailPass
+from store import keys
 from tests.api.conftest import Api, running_api
 from tests.factories import family_with_members, settle, upload
 from tests.servers import SECRET, ServerProcess, engine_env, free_port
@@ -39,8 +40,11 @@ class Inbox:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.received: list[tuple[list[str], EmailMessage]] = []
+        # A slow server holds each sender a while, so that two processes' passes overlap.
+        self.delay = 0.0
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        await asyncio.sleep(self.delay)
         parsed = BytesParser(policy=policy.default).parsebytes(envelope.original_content or envelope.content)
         assert isinstance(parsed, EmailMessage)
         with self.lock:
@@ -206,8 +210,12 @@ async def test_a_capsule_opening_is_mailed_once_to_each_recipient_who_chose_it(
 
     api.clock.advance(days=1, seconds=1)
     assert (await api.services.scheduler.run_once()).unlocked == 1
-    await asyncio.gather(mailer(api).run_once(), mailer(api).run_once())
-    await mailer(api).run_once()
+    # Two mailers (two processes) that both read the outbox before either claims.
+    other = Mailer(table=api.table, settings=api.services.settings, clock=api.clock)
+    outbox = (await api.table.query(keys.MAIL_OUTBOX_PK, index="GSI2")).items
+    assert len(outbox) == 4  # ana, ben, cy, eli were told
+    await asyncio.gather(*(m.opening(item, MailPass()) for item in outbox for m in (mailer(api), other)))
+    await asyncio.gather(mailer(api).run_once(), other.run_once())
     assert [len(inbox.to(f"{p}@example.org")) for p in ("ana", "ben", "cy", "dora", "eli")] == [0, 1, 0, 0, 0]
     (message,) = inbox.to("ben@example.org")
     assert message["From"] == "MiFamilias <hola@mifamilias.test>"
@@ -217,8 +225,8 @@ async def test_a_capsule_opening_is_mailed_once_to_each_recipient_who_chose_it(
         "MiFamilias <hola@mifamilias.test>", "", mail.LinkSigner("x", 1)
     ).message_id("capsule", capsule_id, "ben")
     assert urlsplit(unsubscribe_url(message)).path == mail.UNSUBSCRIBE_PATH
-    # A second mailer (another process) finds the outbox settled.
-    other = Mailer(table=api.table, settings=api.services.settings, clock=api.clock)
+    # Settled: out of the outbox.
+    assert (await api.table.query(keys.MAIL_OUTBOX_PK, index="GSI2")).items == []
     assert (await other.run_once()).sent == 0
     assert len(inbox.everything()) == 1
 
@@ -248,6 +256,9 @@ async def test_digests_go_out_once_per_period_and_never_show_sealed_content(
         seconds=(mail.period_end("DAILY", now) + timedelta(days=1, minutes=1) - now).total_seconds()
     )
     other = Mailer(table=api.table, settings=api.services.settings, clock=api.clock)
+    until_ = mail.period_end("DAILY", api.clock.moment)
+    # Two mailers on the same person and period at once: one digest.
+    await asyncio.gather(*(m.digest("ben", "DAILY", until_, MailPass()) for m in (mailer(api), other)))
     await asyncio.gather(mailer(api).run_once(), other.run_once())
     await mailer(api).run_once()
     (ben_digest,) = inbox.to("ben@example.org")
@@ -346,6 +357,7 @@ async def two_servers(
     request: pytest.FixtureRequest, tmp_path: Path, smtp: tuple[Inbox, str]
 ) -> AsyncIterator[tuple[list[ServerProcess], Inbox]]:
     inbox, url = smtp
+    inbox.delay = 0.3
     env = {
         "MIFAMILIAS_AUTH_SECRET": SECRET,
         "MIFAMILIAS_UNLOCK_POLL_SECONDS": "0.3",

@@ -96,12 +96,13 @@ class Mailer:
                 lease = item.get("mailLeaseUntil")
                 if lease and lease > iso(self.clock()):
                     continue  # another process is on it
-                await self._one_opening(item, done)
+                await self.opening(item, done)
             if page.cursor is None:
                 return
             cursor = page.cursor
 
-    async def _one_opening(self, item: Item, done: MailPass) -> None:
+    async def opening(self, item: Item, done: MailPass) -> None:
+        """One capsule opening's email, from its outbox item as a query read it."""
         claimed = await mail.claim_outbox(self.table, item, self.owner, self.clock(), LEASE)
         if claimed is None:
             return
@@ -148,12 +149,13 @@ class Mailer:
         until = mail.period_end(kind, now)
         for user in await mail.due_for_digest(self.table, kind, until):
             try:
-                await self._one_digest(user.id, kind, until, done)
+                await self.digest(user.id, kind, until, done)
             except Exception:
                 done.failed += 1
                 log.exception("mail: the %s digest of %s failed; retried later", kind, user.id)
 
-    async def _one_digest(self, user_id: str, kind: str, until: datetime, done: MailPass) -> None:
+    async def digest(self, user_id: str, kind: str, until: datetime, done: MailPass) -> None:
+        """One person's digest for the period ending at `until`."""
         # The index is eventually consistent: the profile is read again, strongly.
         item = await self.table.get(keys.user(user_id))
         if item is None:
