@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
@@ -37,6 +37,7 @@ from resolvers.core.auth import mint_token
 from resolvers.core.config import ConfigError, Settings
 from resolvers.core.context import Services, utc_now
 from resolvers.core.metrics import Metrics
+from resolvers.domain import mail
 from resolvers.runtime import compose, local_blob_store, observe_table, start_background
 from schema import schema_for
 from schema.graphiql import STATIC_DIR
@@ -188,6 +189,27 @@ def create_app(
 
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    unsubscribe_links = mail.LinkSigner(settings.resolved_auth_secret(), settings.mail_link_days)
+
+    async def unsubscribe(request: Request) -> Response:
+        """RFC 8058 one-click unsubscribe: a POST switches the email off, with no
+        sign-in (the signed link is the proof). A GET only shows a button, since
+        link checkers and previews fetch links without anyone asking."""
+        token = request.query_params.get("token", "")
+        try:
+            if request.method == "GET":
+                unsubscribe_links.read(token, services().now())
+                return HTMLResponse(
+                    _page("Stop these emails?", "One click, and they stop.", _unsubscribe_form(token))
+                )
+            changed = await mail.unsubscribe(services().table, unsubscribe_links, token, services().now())
+        except mail.ExpiredLink as error:
+            return HTMLResponse(_page("Link expired", str(error)), status_code=410)
+        except mail.BadLink as error:
+            return HTMLResponse(_page("Link not valid", str(error)), status_code=400)
+        said = "You will get no more of these emails." if changed else "These emails were already off."
+        return HTMLResponse(_page("Unsubscribed", said))
+
     graphql = MiFamiliasGraphQL(
         services,
         max_body_bytes=settings.max_body_bytes,
@@ -202,6 +224,8 @@ def create_app(
         Route("/graphql", graphql, methods=["GET", "POST"]),
         WebSocketRoute("/graphql", graphql),
         Mount("/static/graphiql", app=StaticFiles(directory=STATIC_DIR), name="graphiql-static"),
+        # Always there: links in emails sent before mail was turned off still work.
+        Route(mail.UNSUBSCRIBE_PATH, unsubscribe, methods=["GET", "POST"]),
     ]
     if settings.metrics and settings.metrics_port is None:
         routes.append(Route("/metrics", metrics_page))
@@ -223,6 +247,25 @@ def create_app(
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.going_away = going_away
     return app
+
+
+def _page(title: str, text: str, form: str = "") -> str:
+    from html import escape
+
+    head = f"<!doctype html><html><head><meta charset=utf-8><title>{escape(title)}</title></head>"
+    return f"{head}<body><h1>{escape(title)}</h1><p>{escape(text)}</p>{form}</body></html>"
+
+
+def _unsubscribe_form(token: str) -> str:
+    from html import escape
+    from urllib.parse import urlencode
+
+    action = f"{mail.UNSUBSCRIBE_PATH}?{urlencode({'token': token})}"
+    return (
+        f'<form method="post" action="{escape(action)}">'
+        '<input type="hidden" name="List-Unsubscribe" value="One-Click">'
+        "<button>Stop these emails</button></form>"
+    )
 
 
 def _serve_metrics(metrics: Metrics, settings: Settings, stack: contextlib.AsyncExitStack) -> None:

@@ -26,6 +26,7 @@ from resolvers.domain import capsules
 from resolvers.processes.accounts import AccountDeletions
 from resolvers.processes.exports import ExportBuilder
 from resolvers.processes.live import EventReads
+from resolvers.processes.mailer import Mailer
 from resolvers.processes.pipeline import Pipeline
 from resolvers.processes.scheduler import UnlockScheduler
 from store.blobs import BlobStore, LocalBlobStore
@@ -212,6 +213,7 @@ async def compose(
         exports=exports,
         accounts=accounts,
         transcriber=transcriber,
+        mailer=Mailer(table=table, settings=settings, clock=clock) if settings.smtp_url else None,
         clock=clock,
         metrics=metrics,
         tracer=tracer,
@@ -265,6 +267,10 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
             )
         ),
     ]
+    if services.mailer is not None:
+        tasks.append(
+            asyncio.create_task(every(settings.mail_poll_seconds, "mailer", services.mailer.run_once, tracer))
+        )
     blobs = services.blobs
     if isinstance(blobs, LocalBlobStore):
         tasks.append(

@@ -80,3 +80,20 @@ class DataExportStatus(Enum):
     PENDING = store_enums.ExportStatus.PENDING.value
     READY = store_enums.ExportStatus.READY.value
     FAILED = store_enums.ExportStatus.FAILED.value
+
+
+@strawberry.enum(description="What a person receives by email (MIFAMILIAS_SMTP_URL must be set).")
+class EmailPreference(Enum):
+    NONE = strawberry.enum_value(store_enums.EmailPreference.NONE.value, description="no email")
+    CAPSULES = strawberry.enum_value(
+        store_enums.EmailPreference.CAPSULES.value,
+        description="one email when a time capsule opens for this person",
+    )
+    DAILY = strawberry.enum_value(
+        store_enums.EmailPreference.DAILY.value,
+        description="a digest of the families' new activity each day (UTC), when there is some",
+    )
+    WEEKLY = strawberry.enum_value(
+        store_enums.EmailPreference.WEEKLY.value,
+        description="a digest of the families' new activity each week (from Monday, UTC), when there is some",
+    )

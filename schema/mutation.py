@@ -11,7 +11,7 @@ from schema.account import DataExport
 from schema.capsule import Capsule
 from schema.common import Info
 from schema.content import Comment, Content, Upload
-from schema.enums import ContentType, TrustLevel
+from schema.enums import ContentType, EmailPreference, TrustLevel
 from schema.family import Family, FamilyMember
 from schema.tag import Tag
 from schema.user import User
@@ -22,6 +22,9 @@ class UpdateProfileInput:
     given_name: str | None = None
     family_name: str | None = None
     profile_image_url: str | None = None
+    email_preference: EmailPreference | None = strawberry.field(
+        default=None, description="what to receive by email, at the user's own email address"
+    )
 
 
 @strawberry.input
@@ -65,6 +68,7 @@ class Mutation:
                 given_name=input.given_name,
                 family_name=input.family_name,
                 profile_image_url=input.profile_image_url,
+                email_preference=input.email_preference.name if input.email_preference else None,
             )
         )
 

@@ -6,6 +6,7 @@ import strawberry
 
 from resolvers.domain import users
 from schema.common import Info, when
+from schema.enums import EmailPreference
 from store import items
 
 
@@ -40,3 +41,8 @@ class User:
     @strawberry.field
     def onboarding_complete(self) -> bool:
         return self.item.onboarding_complete
+
+    @strawberry.field(description="null unless the viewer is this user; NONE until they choose")
+    def email_preference(self, info: Info) -> EmailPreference | None:
+        chosen = users.email_preference_for_viewer(info.context, self.item)
+        return EmailPreference(chosen) if chosen is not None else None

@@ -61,3 +61,26 @@ class ExportStatus(StrEnum):
     PENDING = "PENDING"
     READY = "READY"
     FAILED = "FAILED"
+
+
+class EmailPreference(StrEnum):
+    """What a person receives by email (issue 15): nothing, a mail per capsule
+    opened for them, or a digest of their families' activity per period."""
+
+    NONE = "NONE"
+    CAPSULES = "CAPSULES"
+    DAILY = "DAILY"
+    WEEKLY = "WEEKLY"
+
+
+DIGESTS = (EmailPreference.DAILY, EmailPreference.WEEKLY)
+
+
+class MailState(StrEnum):
+    """One email's progress (a capsule opening's, on its notification; a
+    digest's, on its marker)."""
+
+    SENDING = "SENDING"  # claimed under a lease; sent or not, nobody knows yet
+    SENT = "SENT"
+    SKIPPED = "SKIPPED"  # nothing to send: the person chose otherwise, or has no address
+    FAILED = "FAILED"

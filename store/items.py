@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from store import keys
 from store.codec import Record
-from store.enums import CapsuleStatus, ContentStatus, ExportStatus
+from store.enums import DIGESTS, CapsuleStatus, ContentStatus, EmailPreference, ExportStatus, NotificationType
 from store.port import TTL_ATTRIBUTE, Item, Key, Update, eq
 
 
@@ -35,10 +35,25 @@ class User(Record):
     family_name: str | None = None
     profile_image_url: str | None = None
     onboarding_complete: bool = False
+    # Email (issue 15): what the person chose, and for a digest, the end of the
+    # last period digested (the digests' index is sorted by it).
+    email_preference: str = EmailPreference.NONE
+    digest_until: str | None = None
 
     @property
     def key(self) -> Key:
         return keys.user(self.id)
+
+    def index_keys(self) -> Item:
+        return digest_index(self.id, self.email_preference, self.digest_until or "")
+
+
+def digest_index(user_id: str, preference: str, digested_until: str) -> dict[str, str]:
+    """A user's keys in the digests' index: only while they chose a digest."""
+    if preference not in DIGESTS:
+        return {}
+    gsi2pk, gsi2sk = keys.digest_gsi2(preference, digested_until, user_id)
+    return {"GSI2PK": gsi2pk, "GSI2SK": gsi2sk}
 
 
 @dataclass(frozen=True)
@@ -319,6 +334,14 @@ class Notification(Record):
     def key(self) -> Key:
         return keys.notification(self.user_id, self.created_at, self.id)
 
+    def index_keys(self) -> Item:
+        # A capsule opening is the mailer's outbox item too (issue 15): written by
+        # the unlock's own transaction, so it exists exactly when the unlock does.
+        if self.type != NotificationType.CAPSULE_UNLOCKED:
+            return {}
+        gsi2pk, gsi2sk = keys.mail_outbox_gsi2(self.created_at, self.user_id, self.id)
+        return {"GSI2PK": gsi2pk, "GSI2SK": gsi2sk}
+
 
 @dataclass(frozen=True)
 class Tag(Record):
@@ -413,3 +436,26 @@ class DataExport(Record):
         else:
             gsi2pk, gsi2sk = keys.export_expiry_gsi2(self.available_until or self.requested_at, self.id)
         return {"GSI2PK": gsi2pk, "GSI2SK": gsi2sk}
+
+
+@dataclass(frozen=True)
+class DigestMarker(Record):
+    """One person's digest for the period ending at `period_end`: written with
+    a condition before the digest is sent, so it goes out once whatever the
+    number of processes. `expires_at` (Unix seconds) is the table's TTL."""
+
+    RENAMED: ClassVar[Mapping[str, str]] = {"expires_at": TTL_ATTRIBUTE}
+
+    user_id: str
+    period_end: str
+    kind: str  # a store.enums.EmailPreference among DIGESTS
+    since: str
+    state: str  # a store.enums.MailState
+    expires_at: int
+    lease_until: str | None = None
+    lease_owner: str | None = None
+    attempts: int = 0
+
+    @property
+    def key(self) -> Key:
+        return keys.digest_marker(self.user_id, self.period_end)

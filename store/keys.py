@@ -294,6 +294,38 @@ def export_expiry_gsi2(available_until: str, export_id: str) -> tuple[str, str]:
     return (EXPORTS_EXPIRY_PK, f"{available_until}#{export_id}")
 
 
+# Email (issue 15) ---------------------------------------------------------------
+
+MAIL_OUTBOX_PK = "MAIL_OUTBOX"
+
+
+def mail_outbox_gsi2(created_at: str, user_id: str, notification_id: str) -> tuple[str, str]:
+    """A capsule opening still to be emailed: the CAPSULE_UNLOCKED notification
+    itself carries these keys until the mailer settles it, so the unlock writes
+    no item more than before."""
+    return (MAIL_OUTBOX_PK, f"{created_at}#{user_id}#{notification_id}")
+
+
+def digest_pk(kind: str) -> str:
+    """People who chose a digest of `kind` (DAILY or WEEKLY)."""
+    return f"EMAIL_DIGEST#{kind}"
+
+
+def digest_gsi2(kind: str, digested_until: str, user_id: str) -> tuple[str, str]:
+    """By the end of the last period digested, so a pass reads only who is due."""
+    return (digest_pk(kind), f"{digested_until}#{user_id}")
+
+
+def digest_marker(user_id: str, period_end: str) -> Key:
+    """One digest per person and period, written with a condition before it is
+    sent. By the period's end only, so a person who switches DAILY -> WEEKLY on
+    a Monday still gets one digest that day."""
+    return (f"USER#{user_id}", f"DIGEST#{period_end}")
+
+
+DIGEST_PREFIX = "DIGEST#"
+
+
 # Persisted operations ---------------------------------------------------------
 
 

@@ -119,6 +119,7 @@ def test_the_graphql_enums_hold_exactly_the_store_enums() -> None:
         graphql_enums.CapsuleStatus: store_enums.CapsuleStatus,
         graphql_enums.NotificationType: store_enums.NotificationType,
         graphql_enums.DataExportStatus: store_enums.ExportStatus,
+        graphql_enums.EmailPreference: store_enums.EmailPreference,
     }
     for graphql_enum, store_enum in pairs.items():
         assert {m.name: m.value for m in graphql_enum} == {m.name: m.value for m in store_enum}

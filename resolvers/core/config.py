@@ -7,10 +7,19 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import parse_qs, unquote, urlsplit
 
-from pydantic import BeforeValidator, Field, PositiveFloat, ValidationError, field_validator
+from pydantic import (
+    BeforeValidator,
+    Field,
+    PositiveFloat,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 PREFIX = "MIFAMILIAS_"
@@ -34,6 +43,51 @@ MIB = 1024 * 1024
 # S3's smallest part (all but the last); the largest keeps part sizes a GraphQL Int.
 MIN_PART_BYTES = 5 * MIB
 MAX_PART_BYTES = 1024 * MIB
+
+
+TlsMode = Literal["tls", "starttls", "opportunistic", "none"]
+SMTP_DEFAULT_PORTS = {"smtp": 25, "smtps": 465, "smtp+starttls": 587}
+
+
+@dataclass(frozen=True)
+class SmtpTarget:
+    """Where mail goes, from MIFAMILIAS_SMTP_URL."""
+
+    host: str
+    port: int
+    # tls: TLS from the first byte (smtps://); starttls: STARTTLS required;
+    # opportunistic: STARTTLS when the server offers it (smtp://); none: never.
+    tls: TlsMode
+    username: str | None = None
+    password: str | None = None
+
+
+def parse_smtp_url(url: str) -> SmtpTarget:
+    """smtp://host[:25], smtps://user:pass@host[:465], smtp+starttls://host[:587];
+    `?starttls=true|false` on smtp:// requires STARTTLS or never tries it.
+    User and password are percent-decoded."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in SMTP_DEFAULT_PORTS:
+        raise ValueError("must start with smtp://, smtps:// or smtp+starttls://")
+    if not parts.hostname:
+        raise ValueError("has no host")
+    try:
+        port = parts.port or SMTP_DEFAULT_PORTS[scheme]
+    except ValueError:
+        raise ValueError("has a bad port") from None
+    tls: TlsMode = {"smtp": "opportunistic", "smtps": "tls", "smtp+starttls": "starttls"}[scheme]  # type: ignore[assignment]
+    flag = parse_qs(parts.query).get("starttls")
+    if flag:
+        if scheme != "smtp":
+            raise ValueError("takes ?starttls= on smtp:// only")
+        value = flag[-1].lower()
+        if value not in ("true", "false", "1", "0"):
+            raise ValueError("?starttls= must be true or false")
+        tls = "starttls" if value in ("true", "1") else "none"
+    username = unquote(parts.username) if parts.username else None
+    password = unquote(parts.password) if parts.password else None
+    return SmtpTarget(parts.hostname, port, tls, username, password)
 
 
 class Settings(BaseSettings):
@@ -87,6 +141,37 @@ class Settings(BaseSettings):
     otel: bool = False
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
+    # Email for relatives without the app (issue 15): off unless an SMTP URL is set.
+    smtp_url: str | None = None
+    # Checked even when unset: an SMTP URL without a sender is refused at start-up.
+    mail_from: Annotated[str | None, Field(validate_default=True)] = None
+    mail_poll_seconds: PositiveFloat = 30.0
+    # How long an unsubscribe link in an email keeps working.
+    mail_link_days: Annotated[int, Field(ge=1)] = 60
+
+    @field_validator("smtp_url")
+    @classmethod
+    def _smtp_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_smtp_url(value)
+        return value
+
+    @field_validator("mail_from")
+    @classmethod
+    def _mail_from(cls, value: str | None, info: ValidationInfo) -> str | None:
+        from email.utils import parseaddr
+
+        if value is None:
+            if info.data.get("smtp_url"):
+                raise ValueError("is needed when MIFAMILIAS_SMTP_URL is set")
+            return None
+        if "@" not in parseaddr(value)[1]:
+            raise ValueError("must be an address, e.g. MiFamilias <hola@example.org>")
+        return value
+
+    @property
+    def smtp(self) -> SmtpTarget | None:
+        return parse_smtp_url(self.smtp_url) if self.smtp_url else None
 
     @field_validator("log_level")
     @classmethod
@@ -127,7 +212,10 @@ class Settings(BaseSettings):
             problems = []
             for problem in error.errors():
                 name = str(problem["loc"][0]) if problem["loc"] else "?"
-                problems.append(f"{PREFIX}{name.upper()}={given.get(name)!r}: {problem['msg']}")
+                shown = given.get(name)
+                if name == "smtp_url" and shown and "@" in shown:
+                    shown = "<with credentials, not shown>"  # the message reaches the logs
+                problems.append(f"{PREFIX}{name.upper()}={shown!r}: {problem['msg']}")
             raise ConfigError(f"bad configuration: {'; '.join(problems)}") from None
 
     @property

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from resolvers.processes.accounts import AccountDeletions
     from resolvers.processes.exports import ExportBuilder
     from resolvers.processes.live import EventReads
+    from resolvers.processes.mailer import Mailer
     from resolvers.processes.pipeline import Pipeline
     from resolvers.processes.scheduler import UnlockScheduler
     from store.blobs import BlobStore
@@ -88,6 +89,8 @@ class Services:
     exports: ExportBuilder
     accounts: AccountDeletions
     transcriber: Transcriber | None = None
+    # Only when MIFAMILIAS_SMTP_URL is set (issue 15).
+    mailer: Mailer | None = None
     clock: Callable[[], datetime] = utc_now
     known_users: KnownUsers = field(default_factory=KnownUsers)
     metrics: Metrics = field(default_factory=Metrics.disabled)

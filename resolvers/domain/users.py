@@ -8,6 +8,7 @@ from resolvers.core.context import Context
 from resolvers.core.errors import NotFound, not_found
 from resolvers.core.validation import clean_text, clean_url
 from resolvers.domain.families import can_see_user
+from resolvers.domain.mail import preference_changes
 from store import keys
 from store.items import User
 from store.port import ConditionFailed, Exists, Update
@@ -32,6 +33,11 @@ def email_for_viewer(ctx: Context, user: User) -> str | None:
     return user.email if ctx.claims is not None and ctx.claims.sub == user.id else None
 
 
+def email_preference_for_viewer(ctx: Context, user: User) -> str | None:
+    """What a person chose to receive by email is theirs alone to read, too."""
+    return user.email_preference if ctx.claims is not None and ctx.claims.sub == user.id else None
+
+
 async def me(ctx: Context) -> User:
     viewer = await ctx.viewer_id()
     item = await ctx.loaders.item.load(keys.user(viewer))
@@ -52,10 +58,12 @@ async def user(ctx: Context, user_id: str) -> User:
     return await load_user(ctx, user_id)
 
 
-async def _update_me(ctx: Context, changes: dict[str, Any]) -> User:
+async def _update_me(ctx: Context, changes: dict[str, Any], remove: list[str] | None = None) -> User:
     viewer = await ctx.viewer_id()
     try:
-        item = await ctx.table.update(Update(keys.user(viewer), set=changes, condition=Exists()))
+        item = await ctx.table.update(
+            Update(keys.user(viewer), set=changes, remove=remove or [], condition=Exists())
+        )
     except ConditionFailed as error:
         raise NotFound("user not found") from error
     ctx.loaders.remember(item)
@@ -68,17 +76,23 @@ async def update_profile(
     given_name: str | None = None,
     family_name: str | None = None,
     profile_image_url: str | None = None,
+    email_preference: str | None = None,
 ) -> User:
     changes: dict[str, Any] = {}
+    remove: list[str] = []
     if given_name is not None:
         changes["givenName"] = clean_text(given_name, "givenName", MAX_NAME)
     if family_name is not None:
         changes["familyName"] = clean_text(family_name, "familyName", MAX_NAME)
     if profile_image_url is not None:
         changes["profileImageUrl"] = clean_url(profile_image_url, "profileImageUrl")
-    if not changes:
+    if email_preference is not None:
+        # Against the profile as read now; two racing changes end with the last.
+        mail_set, remove = preference_changes(await me(ctx), email_preference, ctx.services.now())
+        changes.update(mail_set)
+    if not changes and not remove:
         return await me(ctx)
-    return await _update_me(ctx, changes)
+    return await _update_me(ctx, changes, remove)
 
 
 async def complete_onboarding(ctx: Context) -> User:

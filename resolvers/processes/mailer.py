@@ -1,0 +1,182 @@
+"""The mailer (issue 15): it runs in every server process when
+MIFAMILIAS_SMTP_URL is set; conditional writes make each email go out once
+however many run.
+
+One pass:
+1. The outbox (GSI2 `MAIL_OUTBOX`): each capsule opening's notification is
+   claimed under a lease (a conditional write), then sent or skipped, then
+   marked and taken out of the outbox (a write conditioned on the lease).
+2. Each digest kind (DAILY, WEEKLY): the people due (GSI2 `EMAIL_DIGEST#<kind>`,
+   sorted by the end of their last period) each get a marker for the period,
+   put with a condition; only its writer sends, then marks it and moves the
+   person on in the index.
+
+A process that dies between the SMTP server's acceptance and its mark leaves a
+lease that runs out; the next process sends again, with the same Message-ID
+(docs/decisions.md says what that does and does not prevent).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from email.message import EmailMessage
+from email.utils import parseaddr
+from typing import Protocol
+
+from resolvers.adapters.smtp import SmtpSender, Undeliverable
+from resolvers.core.config import Settings
+from resolvers.domain import mail
+from store import keys
+from store.enums import DIGESTS, MailState
+from store.items import Notification, User, iso
+from store.port import Item, Table
+
+log = logging.getLogger("mifamilias.mailer")
+
+# Longer than one send can take (SMTP_TIMEOUT 30 s, plus the reads around it),
+# so a lease runs out only when its process has stopped.
+LEASE = timedelta(seconds=120)
+
+
+class Sender(Protocol):
+    """What the mailer needs of an SMTP client (SmtpSender)."""
+
+    async def send(self, message: EmailMessage) -> None: ...
+
+
+@dataclass
+class MailPass:
+    sent: int = 0
+    skipped: int = 0
+    failed: int = 0
+
+
+class Mailer:
+    def __init__(
+        self,
+        *,
+        table: Table,
+        settings: Settings,
+        clock: Callable[[], datetime],
+        sender: Sender | None = None,
+    ) -> None:
+        target = settings.smtp
+        if target is None or settings.mail_from is None:
+            raise ValueError("the mailer needs MIFAMILIAS_SMTP_URL and MIFAMILIAS_MAIL_FROM")
+        self.table = table
+        self.clock = clock
+        self.owner = uuid.uuid4().hex
+        self.sender: Sender = sender or SmtpSender(target, parseaddr(settings.mail_from)[1])
+        self.head = mail.Letterhead(
+            sender=settings.mail_from,
+            base_url=settings.base_url,
+            signer=mail.LinkSigner(settings.resolved_auth_secret(), settings.mail_link_days),
+        )
+
+    async def run_once(self) -> MailPass:
+        done = MailPass()
+        await self.outbox(done)
+        for kind in DIGESTS:
+            await self.digests(kind, done)
+        if done.sent or done.failed:
+            log.info("mail pass: %d sent, %d skipped, %d failed", done.sent, done.skipped, done.failed)
+        return done
+
+    # Capsule openings ------------------------------------------------------------------
+
+    async def outbox(self, done: MailPass) -> None:
+        cursor: str | None = None
+        while True:
+            page = await self.table.query(keys.MAIL_OUTBOX_PK, index="GSI2", limit=100, cursor=cursor)
+            for item in page.items:
+                lease = item.get("mailLeaseUntil")
+                if lease and lease > iso(self.clock()):
+                    continue  # another process is on it
+                await self.opening(item, done)
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    async def opening(self, item: Item, done: MailPass) -> None:
+        """One capsule opening's email, from its outbox item as a query read it."""
+        claimed = await mail.claim_outbox(self.table, item, self.owner, self.clock(), LEASE)
+        if claimed is None:
+            return
+        key = (claimed["PK"], claimed["SK"])
+        note = Notification.from_item(claimed)
+        if int(claimed.get("mailAttempts", 1)) > mail.MAX_ATTEMPTS:
+            await mail.settle_outbox(self.table, key, self.owner, MailState.FAILED, self.clock())
+            done.failed += 1
+            log.error("mail: gave up on the capsule email to %s", note.user_id)
+            return
+        try:
+            found = await mail.capsule_mail(self.table, self.head, note, self.clock())
+        except Exception:
+            log.exception("mail: could not prepare the capsule email to %s; retried later", note.user_id)
+            done.failed += 1
+            return  # the lease runs out and a later pass tries again
+        if found.message is None:
+            await mail.settle_outbox(self.table, key, self.owner, MailState.SKIPPED, self.clock())
+            done.skipped += 1
+            return
+        state = await self._send(found.message, f"capsule {note.capsule_id} to {note.user_id}", done)
+        if state is not None:
+            await mail.settle_outbox(self.table, key, self.owner, state, self.clock())
+
+    async def _send(self, message: EmailMessage, what: str, done: MailPass) -> str | None:
+        """SENT or FAILED (for good); None when a later pass should try again."""
+        try:
+            await self.sender.send(message)
+        except Undeliverable as error:
+            log.warning("mail: %s refused for good: %s", what, error)
+            done.failed += 1
+            return MailState.FAILED
+        except Exception as error:
+            log.warning("mail: %s not sent (%s); retried once its lease runs out", what, error)
+            done.failed += 1
+            return None
+        done.sent += 1
+        return MailState.SENT
+
+    # Digests ---------------------------------------------------------------------------
+
+    async def digests(self, kind: str, done: MailPass) -> None:
+        now = self.clock()
+        until = mail.period_end(kind, now)
+        for user in await mail.due_for_digest(self.table, kind, until):
+            try:
+                await self.digest(user.id, kind, until, done)
+            except Exception:
+                done.failed += 1
+                log.exception("mail: the %s digest of %s failed; retried later", kind, user.id)
+
+    async def digest(self, user_id: str, kind: str, until: datetime, done: MailPass) -> None:
+        """One person's digest for the period ending at `until`."""
+        # The index is eventually consistent: the profile is read again, strongly.
+        item = await self.table.get(keys.user(user_id))
+        if item is None:
+            return
+        user = User.from_item(item)
+        if user.email_preference != kind:
+            return
+        marker = await mail.claim_digest(self.table, user, kind, until, self.owner, self.clock(), LEASE)
+        if marker is None:
+            return
+        if marker.attempts > mail.MAX_ATTEMPTS:
+            await mail.settle_digest(self.table, marker, MailState.FAILED, user, self.clock())
+            done.failed += 1
+            return
+        lines = await mail.digest_lines(self.table, user, marker.since, marker.period_end)
+        if lines.empty() or not user.email:
+            # No news is no email; the period counts as digested all the same.
+            await mail.settle_digest(self.table, marker, MailState.SKIPPED, user, self.clock())
+            done.skipped += 1
+            return
+        message = mail.digest_message(self.head, user, marker, lines, self.clock())
+        state = await self._send(message, f"{kind} digest to {user.id}", done)
+        if state is not None:
+            await mail.settle_digest(self.table, marker, state, user, self.clock())
