@@ -88,7 +88,8 @@ async def seed_people(data_dir: Path, people: list[str]) -> None:
 
 
 async def seed_round(data_dir: Path, people: list[str], round_no: int) -> list[str]:
-    """ceil(N / 48) capsules, due now, together addressed to every subscriber once."""
+    """ceil(N / MAX_RECIPIENTS) capsules (one, now that a capsule may go to a whole
+    family), due now, together addressed to every subscriber once."""
     from store.sqlite import SqliteTable
 
     table = SqliteTable(data_dir / "mifamilias.sqlite3")
