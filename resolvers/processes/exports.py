@@ -24,6 +24,7 @@ from pathlib import Path
 
 from resolvers.core.config import Settings
 from resolvers.domain import exports
+from resolvers.processes.workers import cancelling
 from store import keys
 from store.blobs import BlobStore
 from store.items import DataExport, iso
@@ -85,6 +86,8 @@ class ExportBuilder:
             except asyncio.CancelledError:
                 raise
             except Exception:
+                if cancelling():
+                    raise asyncio.CancelledError from None
                 log.exception("exports: unexpected failure on export %s", export_id)
             finally:
                 self.queue.task_done()
@@ -130,6 +133,9 @@ class ExportBuilder:
             cancelled = True  # `stop` hands the lease back
             raise
         except Exception:
+            if cancelling():  # stopped mid-build: not a failure of the export
+                cancelled = True
+                raise asyncio.CancelledError from None
             log.exception("exports: export %s failed", export_id)
             await exports.fail(
                 self.table, export, self.owner, self.clock(), "the export failed; ask for a new one"

@@ -41,6 +41,7 @@ from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
 from resolvers.domain import notifications
 from resolvers.domain.content import original_key, publish_status
+from resolvers.processes.workers import cancelling
 from store import keys
 from store.blobs import BlobStore
 from store.enums import ContentStatus, ContentType
@@ -179,6 +180,8 @@ class Pipeline:
             except asyncio.CancelledError:
                 raise
             except Exception:
+                if cancelling():
+                    raise asyncio.CancelledError from None
                 log.exception("pipeline: unexpected failure on content %s", content_id)
             finally:
                 self.queue.task_done()
@@ -238,6 +241,8 @@ class Pipeline:
                     self.metrics.pipeline_job("failed")
                     await self._fail(content_id, str(error))
                 except Exception:
+                    if cancelling():  # stopped mid-step: the content is not at fault
+                        raise asyncio.CancelledError from None
                     log.exception("pipeline: content %s failed unexpectedly", content_id)
                     self.metrics.pipeline_failed(job.step, "unexpected")
                     self.metrics.pipeline_job("failed")

@@ -74,8 +74,9 @@ async def test_a_large_video_survives_a_dropped_connection_and_reaches_ready(
     assert resumed["content"]["status"] == "UPLOADING"
     assert resumed["receivedParts"] == [1, 2]
     assert [p["number"] for p in resumed["parts"]] == list(range(3, count + 1))
+    # Fresh URLs (valid for a new period; S3 signs to the second, so one signed in
+    # the same second as the first reads the same): they take the rest.
     fresh = {p["number"]: p["url"] for p in resumed["parts"]}
-    assert fresh[3] != urls[3]
     for number in range(3, count + 1):
         assert await put_bytes(api, fresh[number], part_of(body, number), "video/mp4") == 200
 
@@ -149,7 +150,7 @@ async def test_only_the_author_resumes_and_only_while_uploading(api: Api) -> Non
     small = await create(api, "ana", family_id, "TEXT", "text/plain", 4)
     assert small["partSizeBytes"] is None and small["parts"] is None and small["receivedParts"] is None
     again = await resume(api, "ana", small["content"]["id"])
-    assert again["parts"] is None and again["uploadUrl"] != small["uploadUrl"]
+    assert again["parts"] is None and again["uploadUrl"]
     assert await put_bytes(api, again["uploadUrl"], b"hola", "text/plain") == 200
     await api.ok(COMPLETE, {"id": small["content"]["id"]}, as_="ana")
     code, message = await api.error(RESUME, {"id": small["content"]["id"]}, as_="ana")

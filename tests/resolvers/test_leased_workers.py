@@ -83,3 +83,53 @@ async def test_stop_lands_while_the_heartbeat_winds_down(
         assert stopping.done()
     finally:
         await table.close()
+
+
+async def test_stop_lands_while_a_cleanup_replaces_the_cancel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build whose cleanup raises on the cancel (a zip closed while a thread
+    still writes to it) stops its worker all the same, and fails nothing."""
+    table = SqliteTable(tmp_path / "table.sqlite3")
+    settings = Settings(data_dir=tmp_path / "data", auth_secret="s" * 32)
+    blobs = LocalBlobStore(tmp_path / "blobs", "http://testserver", b"k" * 32)
+    builder = ExportBuilder(table=table, blobs=blobs, settings=settings, clock=now)
+    building = asyncio.Event()
+    failed: list[str] = []
+
+    async def claim(*_: Any) -> dict[str, Any]:
+        record = DataExport(
+            user_id="ana",
+            id="e1",
+            status=ExportStatus.PENDING,
+            requested_at="2026-11-30T00:00:00Z",
+            expires_at=0,
+        )
+        return record.to_item()
+
+    async def build(*_: Any) -> bool:
+        building.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise ValueError("can't close the ZIP file while there is an open writing handle") from None
+        return True
+
+    async def fail(*args: Any) -> None:
+        failed.append(str(args[-1]))
+
+    monkeypatch.setattr(exports, "claim", claim)
+    monkeypatch.setattr(exports, "build", build)
+    monkeypatch.setattr(exports, "fail", fail)
+    monkeypatch.setattr(exports, "release", lambda *_: asyncio.sleep(0))
+    try:
+        await builder.start()
+        builder.submit("ana", "e1")
+        await building.wait()
+        stopping = asyncio.create_task(builder.stop())
+        # A hang guard, not a speed claim: the worker used to go back to its queue.
+        await asyncio.wait({stopping}, timeout=30)
+        assert stopping.done()
+        assert failed == []
+    finally:
+        await table.close()
