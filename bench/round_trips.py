@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bench.common import Row, Sizes, bench_settings, in_process_app
 from tests.counting import CountingTable
-from tests.typical_calls import VIEWERS, build_world, label, operations, schema_operations, settle
+from tests.typical_calls import VIEWERS, build_world, label, only_the_request, operations, schema_operations
 
 SECTION = "5. Round trips (store calls / sequential round trips)"
 
@@ -33,13 +33,13 @@ async def run(sizes: Sizes, tmp: Path) -> list[Row]:
         covered = set()
         for op in ops:
             variables = await op.setup() if op.setup else {}
-            await settle(api)
-            table.reset()
-            table.latency = sizes.round_trip_latency
-            try:
-                body = await api.post(op.document, variables, as_=op.viewer)
-            finally:
-                table.latency = 0
+            async with only_the_request(api):
+                table.reset()
+                table.latency = sizes.round_trip_latency
+                try:
+                    body = await api.post(op.document, variables, as_=op.viewer)
+                finally:
+                    table.latency = 0
             calls, rounds = table.total_calls, table.round_trips
             detail = ", ".join(f"{k} {n}" for k, n in sorted(table.calls.items()))
             kind = "mutation" if op.document.lstrip().startswith("mutation") else "query"

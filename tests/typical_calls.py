@@ -9,7 +9,8 @@ operations run in the order given, on one world (the last one deletes eve).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -87,6 +88,19 @@ async def upload_text(
 
 async def settle(api: Client) -> None:
     await api.services.pipeline.queue.join()  # every queued content processed
+
+
+@contextlib.asynccontextmanager
+async def only_the_request(api: Client) -> AsyncIterator[None]:
+    """The media pipeline works beside the requests, on the same table: held
+    while a call is counted, the count is the call's own (content a call hands
+    to the pipeline is processed once it is released)."""
+    await settle(api)
+    await api.services.pipeline.stop()
+    try:
+        yield
+    finally:
+        await api.services.pipeline.start()
 
 
 Setup = Callable[[], Awaitable[dict[str, Any]]]
