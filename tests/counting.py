@@ -65,7 +65,11 @@ class CountingTable:
     async def get(self, key: Key) -> Item | None:
         return await self._count("get", lambda: self.inner.get(key), _keys([key]))
 
+    # Each call takes its arguments as a list first: a generator read once for
+    # the trace would reach the table empty.
+
     async def batch_get(self, keys: Sequence[Key]) -> dict[Key, Item]:
+        keys = list(keys)
         return await self._count("batch_get", lambda: self.inner.batch_get(keys), _keys(keys))
 
     async def query(
@@ -94,6 +98,7 @@ class CountingTable:
         return await self._count("delete", lambda: self.inner.delete(key, condition), _keys([key]))
 
     async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
+        puts, deletes = list(puts), list(deletes)
         await self._count(
             "batch_write",
             lambda: self.inner.batch_write(puts, deletes),
@@ -101,6 +106,7 @@ class CountingTable:
         )
 
     async def transact(self, ops: Sequence[WriteOp]) -> None:
+        ops = list(ops)
         await self._count("transact", lambda: self.inner.transact(ops), _keys([op_key(op) for op in ops]))
 
     async def ping(self) -> None:
