@@ -1,374 +1,19 @@
-# ruff: noqa: E501  (GraphQL documents read best on one line)
 """Section 5: store calls and sequential round trips of one typical call of
 every query and mutation, counted through CountingTable with a small simulated
 latency (so calls of one resolver level overlap), on the embedded store,
-in-process over httpx's ASGI transport."""
+in-process over httpx's ASGI transport. The calls and their world live in
+tests/typical_calls.py, which tests/api/test_round_trips.py asserts on both
+engines."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-from bench.common import (
-    COMMENT,
-    FEED_QUERY,
-    JOIN,
-    REACT,
-    SET_TAGS,
-    InProcessApi,
-    Row,
-    Sizes,
-    bench_settings,
-    in_process_app,
-    make_family,
-    settle,
-    upload_text,
-)
+from bench.common import Row, Sizes, bench_settings, in_process_app
 from tests.counting import CountingTable
+from tests.typical_calls import VIEWERS, build_world, label, only_the_request, operations, schema_operations
 
 SECTION = "5. Round trips (store calls / sequential round trips)"
-
-Setup = Callable[[], Awaitable[dict[str, Any]]]
-
-
-@dataclass
-class Op:
-    field: str
-    document: str
-    viewer: str
-    setup: Setup | None = None  # variables, prepared outside the count
-    label: str = ""
-
-
-def operations(api: InProcessApi, world: dict[str, Any]) -> list[Op]:
-    clock = world["clock"]
-    f, v = world["family"], world["vouched"]
-
-    async def fresh_capsule(schedule: bool = False) -> str:
-        unlock = (clock.moment + timedelta(days=1)).isoformat()
-        data = await api.ok(
-            "mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) { id } }",
-            {"i": {"familyId": f, "title": "Para ti", "unlockDate": unlock, "recipientIds": ["ben"]}},
-            as_="ana",
-        )
-        capsule_id = str(data["createCapsule"]["id"])
-        if schedule:
-            await api.ok(
-                "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { id } }", {"id": capsule_id}, as_="ana"
-            )
-        return capsule_id
-
-    async def upload_started() -> dict[str, Any]:
-        return {"i": {"familyId": f, "type": "TEXT", "mimeType": "text/plain", "sizeBytes": 4}}
-
-    async def upload_sent() -> dict[str, Any]:
-        created = await api.ok(
-            "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id } } }",
-            await upload_started(),
-            as_="ben",
-        )
-        url = created["createUpload"]["uploadUrl"]
-        await api.client.put(
-            url[url.index("/", 7) :], content=b"hola", headers={"Content-Type": "text/plain"}
-        )
-        return {"id": created["createUpload"]["content"]["id"]}
-
-    async def failed_content() -> dict[str, Any]:
-        content_id = await upload_text(api, "ben", f, b"not a photo", kind="PHOTO", mime="image/jpeg")
-        await settle(api)
-        return {"id": content_id}
-
-    async def archived_content() -> dict[str, Any]:
-        content_id = await upload_text(api, "ben", f, b"old memory")
-        await settle(api)
-        clock.advance(days=91)
-        await api.services.pipeline.archive_due(90)
-        return {"id": content_id}
-
-    async def own_content() -> dict[str, Any]:
-        content_id = await upload_text(api, "ben", f, b"to delete")
-        await settle(api)
-        return {"id": content_id}
-
-    async def comment() -> dict[str, Any]:
-        data = await api.ok(COMMENT, {"id": world["post"], "b": "para borrar"}, as_="ben")
-        return {"id": world["post"], "c": data["addComment"]["id"]}
-
-    async def reacted() -> dict[str, Any]:
-        await api.ok(REACT, {"id": world["post"], "e": "🎉"}, as_="ben")
-        return {"id": world["post"]}
-
-    async def opened() -> dict[str, Any]:
-        capsule_id = await fresh_capsule(schedule=True)
-        await upload_text(api, "ana", f, b"te quiero", capsule_id=capsule_id)
-        await settle(api)
-        clock.advance(days=1, seconds=1)
-        await api.services.scheduler.run_once()
-        return {"id": capsule_id}
-
-    async def draft() -> dict[str, Any]:
-        return {"id": await fresh_capsule()}
-
-    async def scheduled() -> dict[str, Any]:
-        return {"id": await fresh_capsule(schedule=True)}
-
-    async def new_capsule() -> dict[str, Any]:
-        unlock = (clock.moment + timedelta(days=1)).isoformat()
-        return {"i": {"familyId": f, "title": "Para ti", "unlockDate": unlock, "recipientIds": ["ben", "cy"]}}
-
-    async def invite() -> dict[str, Any]:
-        data = await api.ok("query($f: ID!) { family(id: $f) { inviteCode } }", {"f": f}, as_="ana")
-        return {"code": data["family"]["inviteCode"]}
-
-    async def uploading() -> dict[str, Any]:
-        data = await api.ok(
-            "mutation($i: CreateUploadInput!) { createUpload(input: $i) { content { id } } }",
-            {"i": {"familyId": f, "type": "TEXT", "mimeType": "text/plain", "sizeBytes": 5}},
-            as_="ben",
-        )
-        return {"id": data["createUpload"]["content"]["id"]}
-
-    async def requested_export() -> dict[str, Any]:
-        data = await api.ok("mutation { requestDataExport { id } }", as_="cy")
-        return {"id": data["requestDataExport"]["id"]}
-
-    def fixed(**variables: Any) -> Setup:
-        async def given() -> dict[str, Any]:
-            return variables
-
-        return given
-
-    capsule_q = "query($id: ID!) { capsule(id: $id) { id status title creator { givenName } recipients { user { givenName } } content { id } } }"
-    content_fields = (
-        "id status author { givenName } reactions { emoji count } viewerReactions commentCount tags { value }"
-    )
-    return [
-        Op("me", "{ me { id givenName } }", "ben"),
-        Op("user", "query($id: ID!) { user(id: $id) { id givenName } }", "ben", fixed(id="ana")),
-        Op("myFamilies", "{ myFamilies { role family { name admin { givenName } } } }", "ben"),
-        Op(
-            "family",
-            "query($f: ID!) { family(id: $f) { name viewerRole members { edges { node { role user { givenName } } } } } }",
-            "ben",
-            fixed(f=f),
-            "members",
-        ),
-        Op("family", FEED_QUERY, "ben", fixed(id=f), "the feed query of sections 1–2"),
-        Op(
-            "content",
-            f"query($id: ID!) {{ content(id: $id) {{ {content_fields} }} }}",
-            "ben",
-            fixed(id=world["post"]),
-        ),
-        Op("capsule", capsule_q, "ben", fixed(id=world["open_capsule"])),
-        Op("myCapsules", "{ myCapsules { edges { node { id status title } } } }", "ana"),
-        Op("receivedCapsules", "{ receivedCapsules { edges { node { id status title } } } }", "ben"),
-        Op(
-            "searchTags",
-            'query($f: ID!) { searchTags(familyId: $f, prefix: "ab") { edges { node { value content { id } } } } }',
-            "ben",
-            fixed(f=f),
-        ),
-        Op("myTags", "{ myTags { edges { node { value } } } }", "ben"),
-        Op(
-            "tagStatus",
-            'query($f: ID!) { tagStatus(familyId: $f, setName: "album") { taggedByAnyone taggedByViewer } }',
-            "ben",
-            fixed(f=f),
-        ),
-        Op("notifications", "{ notifications { edges { node { id type read content { id } } } } }", "ben"),
-        Op(
-            "updateProfile",
-            'mutation { updateProfile(input: {givenName: "Benito"}) { id givenName } }',
-            "ben",
-        ),
-        Op("completeOnboarding", "mutation { completeOnboarding { id onboardingComplete } }", "ben"),
-        Op(
-            "createFamily",
-            'mutation { createFamily(input: {name: "Los Pérez"}) { id inviteCode } }',
-            "ben",
-        ),
-        Op(
-            "rotateInviteCode",
-            "mutation($f: ID!) { rotateInviteCode(familyId: $f) { inviteCode } }",
-            "ana",
-            fixed(f=f),
-        ),
-        Op("joinFamily", JOIN, "gus", invite),
-        Op(
-            "vouch",
-            "mutation($f: ID!, $u: ID!) { vouch(familyId: $f, userId: $u) { role vouchScore } }",
-            "ana",
-            fixed(f=v, u="pia"),
-        ),
-        Op(
-            "approveMember",
-            "mutation($f: ID!, $u: ID!) { approveMember(familyId: $f, userId: $u) { role } }",
-            "ana",
-            fixed(f=v, u="quim"),
-        ),
-        Op(
-            "removeMember",
-            "mutation($f: ID!, $u: ID!) { removeMember(familyId: $f, userId: $u) }",
-            "ana",
-            fixed(f=f, u="gus"),
-        ),
-        Op("leaveFamily", "mutation($f: ID!) { leaveFamily(familyId: $f) }", "eve", fixed(f=f)),
-        Op(
-            "createUpload",
-            "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id status } } }",
-            "ben",
-            upload_started,
-        ),
-        Op(
-            "completeUpload",
-            "mutation($id: ID!) { completeUpload(contentId: $id) { id status } }",
-            "ben",
-            upload_sent,
-        ),
-        Op(
-            "retryContent",
-            "mutation($id: ID!) { retryContent(contentId: $id) { id status } }",
-            "ben",
-            failed_content,
-        ),
-        Op(
-            "markContentViewed",
-            "mutation($id: ID!) { markContentViewed(contentId: $id) { id status } }",
-            "ben",
-            fixed(id=world["ana_post"]),
-        ),
-        Op("deleteContent", "mutation($id: ID!) { deleteContent(contentId: $id) }", "ben", own_content),
-        Op(
-            "addComment",
-            COMMENT.replace("{ id }", "{ id body author { givenName } }"),
-            "ben",
-            fixed(id=world["post"], b="¡Qué bonito!"),
-        ),
-        Op(
-            "deleteComment",
-            "mutation($id: ID!, $c: ID!) { deleteComment(contentId: $id, commentId: $c) }",
-            "ben",
-            comment,
-        ),
-        Op(
-            "addReaction",
-            "mutation($id: ID!, $e: String!) { addReaction(contentId: $id, emoji: $e) { reactions { emoji count } viewerReactions } }",
-            "ben",
-            fixed(id=world["post"], e="😂"),
-        ),
-        Op(
-            "removeReaction",
-            'mutation($id: ID!) { removeReaction(contentId: $id, emoji: "🎉") { reactions { emoji count } viewerReactions } }',
-            "ben",
-            reacted,
-        ),
-        Op(
-            "createCapsule",
-            "mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) { id status recipients { user { id } } } }",
-            "ana",
-            new_capsule,
-        ),
-        Op(
-            "scheduleCapsule",
-            "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { id status } }",
-            "ana",
-            draft,
-        ),
-        Op(
-            "cancelCapsule",
-            "mutation($id: ID!) { cancelCapsule(capsuleId: $id) { id status } }",
-            "ana",
-            scheduled,
-        ),
-        Op(
-            "openCapsule",
-            "mutation($id: ID!) { openCapsule(capsuleId: $id) { id status content { id } } }",
-            "ben",
-            opened,
-        ),
-        Op(
-            "setTags",
-            SET_TAGS.replace("{ value }", "{ value setName }"),
-            "ben",
-            fixed(id=world["post"], v=["playa", "abuelo"], s="album", p=False),
-        ),
-        Op("markNotificationsRead", "mutation { markNotificationsRead }", "ben"),
-        Op(
-            "restoreContent",
-            "mutation($id: ID!) { restoreContent(contentId: $id) { id status } }",
-            "ben",
-            archived_content,
-        ),
-        Op(
-            "resumeUpload",
-            "mutation($id: ID!) { resumeUpload(contentId: $id) { uploadUrl receivedParts } }",
-            "ben",
-            uploading,
-        ),
-        Op("requestDataExport", "mutation { requestDataExport { id status } }", "dee"),
-        Op(
-            "dataExport",
-            "query($id: ID!) { dataExport(id: $id) { id status expiresAt } }",
-            "cy",
-            requested_export,
-        ),
-        # Last: it takes eve out of the world.
-        Op("deleteMyAccount", "mutation { deleteMyAccount }", "eve"),
-    ]
-
-
-async def build_world(api: InProcessApi, clock: Any) -> dict[str, Any]:
-    family = await make_family(api, "ana", "Los García")
-    for user in ("ben", "cy", "dee", "eve"):
-        await api.ok(JOIN, {"code": family["inviteCode"]}, as_=user)
-    vouched = await make_family(api, "ana", "Los Vouch", trust="VOUCHED", threshold=2)
-    await api.ok(JOIN, {"code": vouched["inviteCode"]}, as_="ben")
-    for user in ("pia", "quim"):
-        await api.ok(JOIN, {"code": vouched["inviteCode"]}, as_=user)
-    posts = [
-        await upload_text(api, ["ana", "ben"][n % 2], family["id"], f"post {n}".encode()) for n in range(6)
-    ]
-    await settle(api)
-    for n, post in enumerate(posts):
-        await api.ok(REACT, {"id": post, "e": "❤️"}, as_="cy")
-        for k in range(n % 3 + 1):
-            await api.ok(COMMENT, {"id": post, "b": f"comentario {k}"}, as_=["cy", "dee"][k % 2])
-        await api.ok(SET_TAGS, {"id": post, "v": ["abuela"], "s": "album"}, as_="ana")
-    world: dict[str, Any] = {
-        "clock": clock,
-        "family": family["id"],
-        "vouched": vouched["id"],
-        "post": posts[1],
-        "ana_post": posts[0],
-    }
-    # An open capsule for ben, and notifications for him.
-    unlock = (clock.moment + timedelta(days=1)).isoformat()
-    data = await api.ok(
-        "mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) { id } }",
-        {
-            "i": {
-                "familyId": family["id"],
-                "title": "Para ti",
-                "unlockDate": unlock,
-                "recipientIds": ["ben", "cy"],
-            }
-        },
-        as_="ana",
-    )
-    capsule_id = data["createCapsule"]["id"]
-    await api.ok(
-        "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { id } }", {"id": capsule_id}, as_="ana"
-    )
-    await upload_text(api, "ana", family["id"], b"te quiero", capsule_id=capsule_id)
-    await settle(api)
-    clock.advance(days=1, seconds=1)
-    await api.services.scheduler.run_once()
-    world["open_capsule"] = capsule_id
-    return world
 
 
 async def run(sizes: Sizes, tmp: Path) -> list[Row]:
@@ -383,45 +28,36 @@ async def run(sizes: Sizes, tmp: Path) -> list[Row]:
         table: CountingTable = api.services.table
         world = await build_world(api, clock)
         ops = operations(api, world)
-        for user in ("ana", "ben", "cy", "dee", "eve", "gus", "pia", "quim"):
+        for user in VIEWERS:
             await api.post("{ me { id } }", as_=user)  # the first-request profile check is cached per process
         covered = set()
         for op in ops:
             variables = await op.setup() if op.setup else {}
-            await settle(api)
-            table.reset()
-            table.latency = sizes.round_trip_latency
-            try:
-                body = await api.post(op.document, variables, as_=op.viewer)
-            finally:
-                table.latency = 0
+            async with only_the_request(api):
+                table.reset()
+                table.latency = sizes.round_trip_latency
+                try:
+                    body = await api.post(op.document, variables, as_=op.viewer)
+                finally:
+                    table.latency = 0
             calls, rounds = table.total_calls, table.round_trips
             detail = ", ".join(f"{k} {n}" for k, n in sorted(table.calls.items()))
             kind = "mutation" if op.document.lstrip().startswith("mutation") else "query"
-            label = f"{kind} `{op.field}`" + (f" ({op.label})" if op.label else "")
             if body.get("errors"):
                 code = body["errors"][0].get("extensions", {}).get("code", "?")
                 rows.append(
                     Row(
                         SECTION,
-                        label,
+                        label(op),
                         f"{calls} / {rounds}",
                         f"answered {code}: {body['errors'][0]['message'][:80]}",
                     )
                 )
             else:
                 covered.add((kind, op.field))
-                rows.append(Row(SECTION, label, f"{calls} / {rounds}", detail))
-    expected = {("query", name) for name in _fields(schema, "Query")} | {
-        ("mutation", name) for name in _fields(schema, "Mutation")
-    }
-    for kind, name in sorted(expected - covered):
+                rows.append(Row(SECTION, label(op), f"{calls} / {rounds}", detail))
+    for kind, name in sorted(schema_operations(schema) - covered):
         rows.append(
             Row(SECTION, f"{kind} `{name}`", "not measured", "no successful typical call in the bench")
         )
     return rows
-
-
-def _fields(schema: Any, type_name: str) -> list[str]:
-    found = schema._schema.get_type(type_name)
-    return list(found.fields) if found is not None else []

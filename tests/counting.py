@@ -14,9 +14,10 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
-from store.port import Condition, Index, Item, Key, Page, SortKey, Table, Update, WriteOp
+from store.port import Condition, Index, Item, Key, Page, SortKey, Table, Update, WriteOp, op_key
 
 T = TypeVar("T")
+TRACE_LIMIT = 10_000
 
 
 class CountingTable:
@@ -26,6 +27,9 @@ class CountingTable:
         self.calls: Counter[str] = Counter()
         self.round_trips = 0
         self._answered_depth = 0
+        # (round trip, call, what it touched) of every call since the last reset,
+        # so a failing count can say which call came in which round.
+        self.trace: list[tuple[int, str, str]] = []
 
     @property
     def total_calls(self) -> int:
@@ -35,10 +39,21 @@ class CountingTable:
         self.calls.clear()
         self.round_trips = 0
         self._answered_depth = 0
+        self.trace.clear()
 
-    async def _count(self, name: str, call: Callable[[], Awaitable[T]]) -> T:
+    def rounds(self) -> str:
+        """The trace, one line per round trip."""
+        lines = []
+        for depth in range(1, self.round_trips + 1):
+            calls = "; ".join(f"{name} {what}" for d, name, what in self.trace if d == depth)
+            lines.append(f"{depth}: {calls}")
+        return "\n".join(lines)
+
+    async def _count(self, name: str, call: Callable[[], Awaitable[T]], what: str = "") -> T:
         self.calls[name] += 1
         depth = self._answered_depth + 1
+        if len(self.trace) < TRACE_LIMIT:  # the bench runs long without a reset
+            self.trace.append((depth, name, what))
         self.round_trips = max(self.round_trips, depth)
         try:
             if self.latency:
@@ -48,10 +63,14 @@ class CountingTable:
             self._answered_depth = max(self._answered_depth, depth)
 
     async def get(self, key: Key) -> Item | None:
-        return await self._count("get", lambda: self.inner.get(key))
+        return await self._count("get", lambda: self.inner.get(key), _keys([key]))
+
+    # Each call takes its arguments as a list first: a generator read once for
+    # the trace would reach the table empty.
 
     async def batch_get(self, keys: Sequence[Key]) -> dict[Key, Item]:
-        return await self._count("batch_get", lambda: self.inner.batch_get(keys))
+        keys = list(keys)
+        return await self._count("batch_get", lambda: self.inner.batch_get(keys), _keys(keys))
 
     async def query(
         self,
@@ -66,25 +85,36 @@ class CountingTable:
         return await self._count(
             "query",
             lambda: self.inner.query(pk, sk, index=index, descending=descending, limit=limit, cursor=cursor),
+            f"{index} {pk} {sk.value if sk else ''}",
         )
 
     async def put(self, item: Item, condition: Condition | None = None) -> None:
-        await self._count("put", lambda: self.inner.put(item, condition))
+        await self._count("put", lambda: self.inner.put(item, condition), _keys([(item["PK"], item["SK"])]))
 
     async def update(self, update: Update) -> Item:
-        return await self._count("update", lambda: self.inner.update(update))
+        return await self._count("update", lambda: self.inner.update(update), _keys([update.key]))
 
     async def delete(self, key: Key, condition: Condition | None = None) -> Item | None:
-        return await self._count("delete", lambda: self.inner.delete(key, condition))
+        return await self._count("delete", lambda: self.inner.delete(key, condition), _keys([key]))
 
     async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
-        await self._count("batch_write", lambda: self.inner.batch_write(puts, deletes))
+        puts, deletes = list(puts), list(deletes)
+        await self._count(
+            "batch_write",
+            lambda: self.inner.batch_write(puts, deletes),
+            _keys([(i["PK"], i["SK"]) for i in puts] + list(deletes)),
+        )
 
     async def transact(self, ops: Sequence[WriteOp]) -> None:
-        await self._count("transact", lambda: self.inner.transact(ops))
+        ops = list(ops)
+        await self._count("transact", lambda: self.inner.transact(ops), _keys([op_key(op) for op in ops]))
 
     async def ping(self) -> None:
         await self.inner.ping()
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+def _keys(keys: Sequence[Key]) -> str:
+    return "[" + ", ".join(f"{pk}/{sk}" for pk, sk in keys) + "]"

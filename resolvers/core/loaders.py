@@ -10,7 +10,8 @@ from typing import Any, TypeVar
 
 from aiodataloader import DataLoader, Loader, dispatch_queue
 
-from store.port import Index, Item, Key, Page, SortKey, Table
+from store.expressions import apply_update
+from store.port import Index, Item, Key, Page, SortKey, Table, Update
 
 _dispatching: set[asyncio.Future[None]] = set()
 K = TypeVar("K")
@@ -91,6 +92,25 @@ class Loaders:
         result: list[Any] = await self.item.load_many(list(keys))
         return result
 
+    def ask(self, *keys: Key) -> None:
+        """Starts loading `keys` with the batch forming now, without waiting.
+        An operation asks, beside what the read rule needs, for what it will
+        need once the rule has answered: those items then cost no round trip
+        of their own, and the rule itself stays where it is. A failure reaches
+        whoever loads the key later."""
+        for key in keys:
+            self.item.load(key).add_done_callback(_retrieved)
+
+    def written(self, before: Sequence[Item | None], updates: Sequence[Update]) -> list[Item]:
+        """What committed updates made of the items as this operation read them
+        (`before`, in the same order), remembered so the answer shows them
+        without reading them again. A change someone else made in between
+        shows on the next read, as it would had it landed after this one."""
+        after = [apply_update(item, update) for item, update in zip(before, updates, strict=True)]
+        for item in after:
+            self.remember(item)
+        return after
+
     def forget(self, *keys: Key) -> None:
         self.verdicts.clear()
         for key in keys:
@@ -106,3 +126,9 @@ class Loaders:
         self.verdicts.clear()
         self.item.clear(key)
         self.item.prime(key, item)
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    # Asked-for loads nobody awaited must not log "exception never retrieved".
+    if not future.cancelled():
+        future.exception()

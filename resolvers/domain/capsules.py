@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from typing import TypeVar
 
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, Forbidden
@@ -34,6 +36,7 @@ from store.port import (
 
 MAX_TITLE = 200
 TRANSACTION_ITEMS = 100  # DynamoDB's limit
+W = TypeVar("W", bound=WriteOp)
 # A capsule may go to the whole family: its writes that touch every recipient are
 # batched (`_in_transactions`), so no single transaction bounds it any more.
 MAX_RECIPIENTS = families.MAX_MEMBERS
@@ -83,8 +86,10 @@ async def recipients(
         if after not in people:
             raise BadInput("after must be the user id of one of the capsule's recipients")
         people = people[people.index(after) + 1 :]
-    wanted = [keys.recipient(capsule.id, user) for user in people[:first]]
-    found = await ctx.loaders.many(wanted)
+    people = people[:first]
+    # Their profiles are asked for in the same batch: a recipient is shown by name.
+    ctx.loaders.ask(*(keys.user(user) for user in people))
+    found = await ctx.loaders.many([keys.recipient(capsule.id, user) for user in people])
     return [Recipient.from_item(item) for item in found if item is not None]
 
 
@@ -110,10 +115,13 @@ async def create_capsule(
         raise BadInput("a capsule needs at least one recipient")
     if len(wanted) > MAX_RECIPIENTS:
         raise BadInput(f"a capsule can have at most {MAX_RECIPIENTS} recipients")
+    usable = [user for user in wanted if keys.usable_id(user)]
+    if keys.usable_id(family_id):
+        # The recipients' memberships, and their profiles the answer shows, in
+        # the batch that reads the family and the viewer's membership.
+        ctx.loaders.ask(*(keys.member(family_id, user) for user in usable), *map(keys.user, usable))
     await asyncio.gather(ctx.check_rate("capsule"), families.readable_family(ctx, family_id))
-    memberships = await ctx.loaders.many(
-        [keys.member(family_id, user) for user in wanted if keys.usable_id(user)]
-    )
+    memberships = await ctx.loaders.many([keys.member(family_id, user) for user in usable])
     members = {item["userId"] for item in memberships if item and item["role"] in access.READERS}
     outsiders = [user for user in wanted if user not in members]
     if outsiders:
@@ -128,23 +136,24 @@ async def create_capsule(
         created_at=ctx.services.now_iso(),
         recipient_ids=tuple(wanted),
     )
-    people: list[WriteOp] = [
-        Put(Recipient(capsule.id, user, unlock, family_id).to_item(), NotExists()) for user in wanted
-    ]
+    people = [Put(Recipient(capsule.id, user, unlock, family_id).to_item(), NotExists()) for user in wanted]
     head, rest = _split(people)
     # Recipients past the first transaction's room go first: without their
     # capsule they are invisible, and the capsule's own put is the commit.
     await _in_transactions(ctx.table, rest)
-    await ctx.counted("capsule", ctx.table.transact([Put(capsule.to_item(shards(ctx)), NotExists()), *head]))
+    puts = [Put(capsule.to_item(shards(ctx)), NotExists()), *head]
+    await ctx.counted("capsule", ctx.table.transact(puts))
+    for put in (*puts, *rest):  # the answer shows what was written without reading it again
+        ctx.loaders.remember(put.item)
     return capsule
 
 
-def _split(ops: list[WriteOp]) -> tuple[list[WriteOp], list[WriteOp]]:
+def _split(ops: list[W]) -> tuple[list[W], list[W]]:
     """What fits beside the capsule's own write in one transaction, and the rest."""
     return ops[: TRANSACTION_ITEMS - 1], ops[TRANSACTION_ITEMS - 1 :]
 
 
-async def _in_transactions(table: Table, ops: list[WriteOp]) -> None:
+async def _in_transactions(table: Table, ops: Sequence[WriteOp]) -> None:
     """Replayable writes to many recipients, in transactions of at most 100."""
     await asyncio.gather(
         *(table.transact(ops[n : n + TRANSACTION_ITEMS]) for n in range(0, len(ops), TRANSACTION_ITEMS))
@@ -212,36 +221,50 @@ async def cancel_capsule(ctx: Context, capsule_id: str) -> Capsule:
 
 async def open_capsule(ctx: Context, capsule_id: str) -> Capsule:
     viewer = await ctx.viewer_id()
+    found = await load_capsule(ctx, capsule_id)
+    if found is not None and found.content_id is not None:
+        # What the opened capsule shows, asked for beside the viewer's membership.
+        ctx.loaders.ask(keys.content(found.content_id))
     capsule = await visible_capsule(ctx, capsule_id)
     if viewer not in capsule.recipient_ids:
         raise Forbidden("only a recipient can open this capsule")
     if capsule.status not in (CapsuleStatus.AVAILABLE, CapsuleStatus.VIEWED):
         raise Conflict(f"the capsule is not open yet (status {capsule.status})")
+    written: Update | None = None
     for _ in range(3):
+        written = None
         now = ctx.services.now_iso()
         ops: list[WriteOp] = [
             Update(keys.recipient(capsule.id, viewer), set={"viewedAt": now}, condition=eq("viewedAt", None)),
         ]
         if capsule.status == CapsuleStatus.AVAILABLE:
             gsi2pk, gsi2sk = keys.retention_gsi2(now, capsule.id)
-            ops.append(
-                Update(
-                    capsule.key,
-                    set={"status": CapsuleStatus.VIEWED, "viewedAt": now, "GSI2PK": gsi2pk, "GSI2SK": gsi2sk},
-                    condition=eq("status", CapsuleStatus.AVAILABLE),
-                )
+            written = Update(
+                capsule.key,
+                set={"status": CapsuleStatus.VIEWED, "viewedAt": now, "GSI2PK": gsi2pk, "GSI2SK": gsi2sk},
+                condition=eq("status", CapsuleStatus.AVAILABLE),
             )
+            ops.append(written)
+        before = await ctx.loaders.item.load(capsule.key)  # as read for the rule: no round trip
         try:
             await ctx.table.transact(ops)
         except TransactionCancelled as error:
             if error.failed_on(keys.recipient(capsule.id, viewer)):
+                written = None
                 break  # this recipient opened it before
             # Another recipient opened it first: record this one's first view too.
             ctx.loaders.forget(capsule.key)
             capsule = await visible_capsule(ctx, capsule.id)
             continue
         break
-    ctx.loaders.forget(capsule.key, keys.recipient(capsule.id, viewer))
+    ctx.loaders.forget(keys.recipient(capsule.id, viewer))
+    if written is not None:
+        # This call opened it: the answer is what it wrote, not read again.
+        (item,) = ctx.loaders.written([before], [written])
+        return Capsule.from_item(item)
+    if capsule.status == CapsuleStatus.VIEWED:
+        return capsule  # opened before and nothing of the capsule written now
+    ctx.loaders.forget(capsule.key)
     reread = await load_capsule(ctx, capsule.id)
     return reread or capsule
 

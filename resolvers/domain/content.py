@@ -33,9 +33,11 @@ from store.items import (
     reaction_attr,
 )
 from store.port import (
+    MAX_TRANSACTION_ITEMS,
     ConditionFailed,
     Delete,
     Exists,
+    Item,
     NotExists,
     Put,
     SortKey,
@@ -44,6 +46,7 @@ from store.port import (
     WriteOp,
     all_of,
     eq,
+    op_key,
 )
 
 MIME_PREFIX: dict[str, str] = {
@@ -478,27 +481,36 @@ async def mark_viewed(ctx: Context, content_id: str) -> Content:
 
 
 async def delete_content(ctx: Context, content_id: str) -> bool:
-    content, membership = await readable_content(ctx, content_id)
+    found = await load_content(ctx, content_id)
+    if found is None:
+        raise not_found("content")
+    # Everything under the content's key, read beside the viewer's membership;
+    # it is used only once the rule and the checks below allow the delete.
+    (content, membership), children = await asyncio.gather(
+        readable_content(ctx, content_id), ctx.table.query(keys.content_pk(found.id))
+    )
     if content.author_id != membership.user_id and membership.role != Role.ADMIN:
         raise Forbidden("only the author or an ADMIN can delete this content")
     if is_sealed(content):
         raise Conflict("sealed capsule content cannot be deleted")
-    children = await ctx.table.query(keys.content_pk(content.id))
-    tag_ops = await _tag_cleanup(ctx, content)
+    summary = next((i for i in children.items if (i["PK"], i["SK"]) == keys.content_tags(content.id)), None)
+    ops: list[WriteOp] = [Delete(content.key, Exists()), *await tags.cleanup_ops(ctx, content, summary)]
+    # The rest (comments, reactions) leaves in the same transaction while it
+    # fits, after it otherwise; either way only once the content is gone.
+    taken = {op_key(op) for op in ops}
+    rest = [(i["PK"], i["SK"]) for i in children.items if (i["PK"], i["SK"]) not in taken]
+    room = max(0, MAX_TRANSACTION_ITEMS - len(ops))
     try:
-        await ctx.table.transact([Delete(content.key, Exists()), *tag_ops])
+        await ctx.table.transact([*ops, *(Delete(key) for key in rest[:room])])
     except TransactionCancelled as error:
         raise not_found("content") from error
-    await ctx.table.batch_write(deletes=[(i["PK"], i["SK"]) for i in children.items if i["SK"] != "META"])
+    if rest[room:]:
+        await ctx.table.batch_write(deletes=rest[room:])
     await blobs_of(ctx).delete([k for k in (content.s3_key, content.media_key, content.thumbnail_key) if k])
     if content.upload_id is not None and content.status == ContentStatus.UPLOADING:
         await blobs_of(ctx).abort_multipart(original_key(content), content.upload_id)
     ctx.loaders.forget(content.key)
     return True
-
-
-async def _tag_cleanup(ctx: Context, content: Content) -> list[WriteOp]:
-    return await tags.cleanup_ops(ctx, content)
 
 
 # Comments ---------------------------------------------------------------------
@@ -535,44 +547,55 @@ async def comments_page(ctx: Context, content: Content, first: int, after: str |
 
 async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
     text = clean_text(body, "body", MAX_COMMENT, multiline=True)
-    _, (content, membership) = await asyncio.gather(
-        ctx.check_rate("comment"), readable_content(ctx, content_id)
-    )
+    viewer = await ctx.viewer_id()
+    # The answer usually shows the comment's author, the viewer: asked for in
+    # the content's batch.
+    ctx.loaders.ask(keys.user(viewer))
+    _, content = await asyncio.gather(ctx.check_rate("comment"), load_content(ctx, content_id))
+    if content is not None:
+        # Whether the content's author still reads the family (someone who left
+        # hears nothing more of it), asked for beside the viewer's membership.
+        ctx.loaders.ask(keys.member(content.family_id, content.author_id))
+    content, membership = await readable_content(ctx, content_id)
+    author = await ctx.loaders.item.load(keys.member(content.family_id, content.author_id))
     moment = ctx.services.now()
     comment = Comment(content.id, new_comment_id(moment), membership.user_id, text, iso(moment))
-    write = ctx.table.transact(
-        [
-            Put(comment.to_item(), NotExists()),
-            Update(content.key, add={"commentCount": 1}, condition=Exists()),
-        ]
-    )
-    # Whether the content's author is still in the family, read beside the write:
-    # someone who left hears nothing more of it.
-    try:
-        _, author = await asyncio.gather(
-            ctx.counted("comment", write), ctx.table.get(keys.member(content.family_id, content.author_id))
+    count = Update(content.key, add={"commentCount": 1}, condition=Exists())
+    ops: list[WriteOp] = [Put(comment.to_item(), NotExists()), count]
+    notes: list[Notification] = []
+    if (
+        content.author_id != membership.user_id
+        and author is not None
+        and author.get("role") in access.READERS
+    ):
+        notes.append(
+            Notification(
+                user_id=content.author_id,
+                id=notifications.notification_id(NotificationType.NEW_COMMENT, comment.id, content.author_id),
+                type=NotificationType.NEW_COMMENT,
+                created_at=comment.created_at,
+                family_id=content.family_id,
+                content_id=content.id,
+            )
         )
+        # In the comment's own transaction: its id is new, so the note is too.
+        ops += [Put(note.to_item(), NotExists()) for note in notes]
+    before = await ctx.loaders.item.load(content.key)  # read by the rule: no round trip
+    try:
+        await ctx.counted("comment", ctx.table.transact(ops))
     except TransactionCancelled as error:
         raise not_found("content") from error
-    ctx.loaders.forget(content.key)
-    author_reads = author is not None and author.get("role") in access.READERS
-    if content.author_id != membership.user_id and author_reads:
-        note = Notification(
-            user_id=content.author_id,
-            id=notifications.notification_id(NotificationType.NEW_COMMENT, comment.id, content.author_id),
-            type=NotificationType.NEW_COMMENT,
-            created_at=comment.created_at,
-            family_id=content.family_id,
-            content_id=content.id,
-        )
-        await notifications.write(ctx.table, broker_of(ctx), [note])
+    ctx.loaders.written([before], [count])
+    await notifications.announce(broker_of(ctx), notes)
     return comment
 
 
 async def delete_comment(ctx: Context, content_id: str, comment_id: str) -> bool:
+    key = comment_key_of(content_id, comment_id) if keys.usable_id(content_id) else None
+    if key is not None:
+        ctx.loaders.ask(key)  # in the content's batch
     content, membership = await readable_content(ctx, content_id)
-    key = comment_key_of(content.id, comment_id)
-    item = await ctx.table.get(key) if key else None
+    item = await ctx.loaders.item.load(key) if key else None
     if key is None or item is None:
         raise not_found("comment")
     comment = Comment.from_item(item)
@@ -587,7 +610,7 @@ async def delete_comment(ctx: Context, content_id: str, comment_id: str) -> bool
         )
     except TransactionCancelled as error:
         raise not_found("comment") from error
-    ctx.loaders.forget(content.key)
+    ctx.loaders.forget(content.key, key)
     return True
 
 
@@ -606,57 +629,60 @@ def clean_emoji(text: str) -> str:
 
 async def add_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
     emoji = clean_emoji(emoji)
-    _, (content, membership) = await asyncio.gather(
-        ctx.check_rate("reaction"), readable_content(ctx, content_id)
-    )
+    content, membership, before = await _readable_for_reaction(ctx, content_id)
     reaction = Reaction(content.id, emoji, membership.user_id, ctx.services.now_iso())
+    updates = [
+        Update(content.key, add={reaction_attr(emoji): 1}, condition=Exists()),
+        Update(keys.reactor(content.id, membership.user_id), set={REACTOR_ATTR + emoji: True}),
+    ]
     try:
-        await ctx.counted(
-            "reaction",
-            ctx.table.transact(
-                [
-                    Put(reaction.to_item(), NotExists()),
-                    Update(content.key, add={reaction_attr(emoji): 1}, condition=Exists()),
-                    Update(keys.reactor(content.id, membership.user_id), set={REACTOR_ATTR + emoji: True}),
-                ]
-            ),
-        )
+        await ctx.counted("reaction", ctx.table.transact([Put(reaction.to_item(), NotExists()), *updates]))
     except TransactionCancelled as error:
         if not error.failed_on(reaction.key):
             raise not_found("content") from error
-        # Reacting twice counts once.
-    return await _reloaded(ctx, content, membership.user_id)
+        return content  # reacting twice counts once: nothing changed
+    return _written(ctx, before, updates)
 
 
 async def remove_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
     emoji = clean_emoji(emoji)
-    _, (content, membership) = await asyncio.gather(
-        ctx.check_rate("reaction"), readable_content(ctx, content_id)
-    )
+    content, membership, before = await _readable_for_reaction(ctx, content_id)
     key = keys.reaction(content.id, emoji, membership.user_id)
+    updates = [
+        Update(content.key, add={reaction_attr(emoji): -1}, condition=Exists()),
+        Update(keys.reactor(content.id, membership.user_id), remove=[REACTOR_ATTR + emoji]),
+    ]
     try:
-        await ctx.counted(
-            "reaction",
-            ctx.table.transact(
-                [
-                    Delete(key, Exists()),
-                    Update(content.key, add={reaction_attr(emoji): -1}, condition=Exists()),
-                    Update(keys.reactor(content.id, membership.user_id), remove=[REACTOR_ATTR + emoji]),
-                ]
-            ),
-        )
+        await ctx.counted("reaction", ctx.table.transact([Delete(key, Exists()), *updates]))
     except TransactionCancelled as error:
         if not error.failed_on(key):
             raise not_found("content") from error
-    return await _reloaded(ctx, content, membership.user_id)
+        return content  # there was no such reaction: nothing changed
+    return _written(ctx, before, updates)
 
 
-async def _reloaded(ctx: Context, content: Content, viewer: str) -> Content:
-    ctx.loaders.forget(content.key, keys.reactor(content.id, viewer))
-    fresh = await load_content(ctx, content.id)
-    if fresh is None:
-        raise not_found("content")
-    return fresh
+async def _readable_for_reaction(
+    ctx: Context, content_id: str
+) -> tuple[Content, Membership, list[Item | None]]:
+    """The content and the viewer's membership as the rule reads them, beside
+    the rate limit; and the content's and the viewer's reactor items as read,
+    the reactor in the content's batch (the answer shows the viewer's reactions)."""
+    viewer = await ctx.viewer_id()
+    if keys.usable_id(content_id):
+        ctx.loaders.ask(keys.reactor(content_id, viewer))
+    _, (content, membership) = await asyncio.gather(
+        ctx.check_rate("reaction"), readable_content(ctx, content_id)
+    )
+    # Both read already (the reactor was asked for): no round trip.
+    before = await ctx.loaders.many([content.key, keys.reactor(content.id, viewer)])
+    return content, membership, before
+
+
+def _written(ctx: Context, before: list[Item | None], updates: list[Update]) -> Content:
+    """The content and reactor item as the committed transaction left them,
+    from what was read before it: the answer needs no read after the write."""
+    fresh, _ = ctx.loaders.written(before, updates)
+    return Content.from_item(fresh)
 
 
 def reaction_counts(content: Content) -> list[tuple[str, int]]:

@@ -111,9 +111,17 @@ async def admin_family(ctx: Context, family_id: str) -> tuple[Family, Membership
 
 
 async def my_memberships(ctx: Context) -> list[Membership]:
+    return await _memberships(ctx, await _mirrors(ctx))
+
+
+async def _mirrors(ctx: Context) -> list[items.UserFamily]:
     viewer = await ctx.viewer_id()
     page = await ctx.table.query(keys.user_pk(viewer), SortKey.begins_with(keys.USER_FAMILY_PREFIX))
-    mirrors = [items.UserFamily.from_item(item) for item in page.items]
+    return [items.UserFamily.from_item(item) for item in page.items]
+
+
+async def _memberships(ctx: Context, mirrors: list[items.UserFamily]) -> list[Membership]:
+    viewer = await ctx.viewer_id()
     # The families come in the same batch: whoever asks for memberships next asks for them.
     wanted = [keys.member(m.family_id, viewer) for m in mirrors] + [keys.family(m.family_id) for m in mirrors]
     found = await ctx.loaders.many(wanted)
@@ -142,7 +150,10 @@ async def can_see_user(ctx: Context, user_id: str) -> bool:
     viewer = await ctx.viewer_id()
     if user_id == viewer:
         return True
-    mine = [m for m in await my_memberships(ctx) if m.role in READERS]
+    mirrors = await _mirrors(ctx)
+    # Their memberships of the viewer's families leave in the viewer's memberships' batch.
+    ctx.loaders.ask(*(keys.member(m.family_id, user_id) for m in mirrors))
+    mine = [m for m in await _memberships(ctx, mirrors) if m.role in READERS]
     theirs = await ctx.loaders.many([keys.member(m.family_id, user_id) for m in mine])
     return any(item is not None for item in theirs)
 
@@ -257,12 +268,13 @@ async def join_family(ctx: Context, invite_code: str) -> Membership:
     viewer = await ctx.viewer_id()
     # Guessing is bounded per person and, across accounts, per client address.
     address = ctx.client_address()
-    await asyncio.gather(
+    code = normalize_invite_code(invite_code)
+    # The code is read beside the checks; it counts for nothing if they refuse.
+    _, _, invite_item = await asyncio.gather(
         _check_not_blocked(ctx, viewer),
         ctx.services.rates.check(f"address:{address}", "join-address", ctx.services.now()),
+        ctx.loaders.item.load(keys.invite(code)) if code else _nothing(),
     )
-    code = normalize_invite_code(invite_code)
-    invite_item = await ctx.table.get(keys.invite(code)) if code else None
     if invite_item is None:
         await asyncio.gather(
             _record_wrong_code(ctx, viewer),
@@ -270,7 +282,11 @@ async def join_family(ctx: Context, invite_code: str) -> Membership:
         )
         raise BadInput("that invite code is not valid; check it with the family's admin")
     invite = items.Invite.from_item(invite_item)
-    family = await load_family(ctx, invite.family_id)
+    # Whom to tell of the join is read with the family (a member who leaves
+    # meanwhile is told of it all the same, as a late notification would be).
+    family, members = await asyncio.gather(
+        load_family(ctx, invite.family_id), notifications.family_members(ctx.table, invite.family_id)
+    )
     if family is None:
         raise BadInput("that invite code is not valid; check it with the family's admin")
     role = Role.MEMBER if family.trust_level == TrustLevel.OPEN else Role.PENDING
@@ -295,11 +311,23 @@ async def join_family(ctx: Context, invite_code: str) -> Membership:
             raise Conflict(f"this family is full: a family has at most {MAX_MEMBERS} members") from error
         raise BadInput("that invite code is not valid; check it with the family's admin") from error
     ctx.loaders.remember(membership.to_item())
-    await notifications.member_joined(ctx, family, membership)
+    await notifications.member_joined(ctx, family, membership, members)
     return membership
 
 
+async def _nothing() -> None:
+    return None
+
+
+def _ask_target(ctx: Context, family_id: str, user_id: str) -> None:
+    """The member acted on, asked for in the batch that reads the family and the
+    viewer's membership for the rule."""
+    if keys.usable_id(family_id) and keys.usable_id(user_id):
+        ctx.loaders.ask(keys.member(family_id, user_id))
+
+
 async def vouch(ctx: Context, family_id: str, user_id: str) -> Membership:
+    _ask_target(ctx, family_id, user_id)
     family, me = await visible_family(ctx, family_id)
     if me.role not in READERS:
         raise Forbidden("only a MEMBER or ADMIN can vouch")
@@ -340,21 +368,25 @@ async def vouch(ctx: Context, family_id: str, user_id: str) -> Membership:
 
 
 async def approve_member(ctx: Context, family_id: str, user_id: str) -> Membership:
+    _ask_target(ctx, family_id, user_id)
     family, _ = await admin_family(ctx, family_id)
     target = await load_membership(ctx, family_id, user_id)
     if target is None:
         raise not_found("member")
     if target.role != Role.PENDING:
         raise Conflict("that member is not pending")
+    admit = Update(target.key, set={"role": Role.MEMBER}, condition=eq("role", Role.PENDING))
+    # Whom to tell is read beside the write (the admitted member, PENDING or
+    # MEMBER, is never among them); they are told once it has committed.
     try:
-        await ctx.table.update(
-            Update(target.key, set={"role": Role.MEMBER}, condition=eq("role", Role.PENDING))
+        _, members = await asyncio.gather(
+            ctx.table.update(admit), notifications.family_members(ctx.table, family.id)
         )
     except ConditionFailed as error:
         raise Conflict("that member is not pending") from error
     ctx.loaders.forget(target.key)
     updated = replace(target, role=Role.MEMBER)
-    await notifications.member_admitted(ctx, family, updated)
+    await notifications.member_admitted(ctx, family, updated, members)
     return updated
 
 
@@ -392,6 +424,7 @@ leave_as = _leave
 
 
 async def remove_member(ctx: Context, family_id: str, user_id: str) -> bool:
+    _ask_target(ctx, family_id, user_id)
     family, _ = await admin_family(ctx, family_id)
     target = await load_membership(ctx, family_id, user_id)
     if target is None:

@@ -72,8 +72,12 @@ async def content_ready(table: Table, broker: Broker | None, content: Content, a
     await write(table, broker, notes)
 
 
-async def member_joined(ctx: Context, family: Family, joined: Membership) -> None:
-    members = await family_members(ctx.table, family.id)
+async def member_joined(
+    ctx: Context, family: Family, joined: Membership, members: Sequence[Membership] | None = None
+) -> None:
+    # `members`, when given, were read by the caller beside its own reads.
+    if members is None:
+        members = await family_members(ctx.table, family.id)
     if joined.role == Role.PENDING:
         kind = NotificationType.MEMBER_PENDING
         can_admit = (Role.ADMIN, Role.MEMBER) if family.trust_level == TrustLevel.VOUCHED else (Role.ADMIN,)
@@ -84,8 +88,11 @@ async def member_joined(ctx: Context, family: Family, joined: Membership) -> Non
     await _family_note(ctx, family, joined, kind, to)
 
 
-async def member_admitted(ctx: Context, family: Family, admitted: Membership) -> None:
-    members = await family_members(ctx.table, family.id)
+async def member_admitted(
+    ctx: Context, family: Family, admitted: Membership, members: Sequence[Membership] | None = None
+) -> None:
+    if members is None:
+        members = await family_members(ctx.table, family.id)
     to = [m.user_id for m in members if m.role == Role.ADMIN and m.user_id != admitted.user_id]
     await _family_note(ctx, family, admitted, NotificationType.MEMBER_JOINED, to)
 

@@ -79,6 +79,7 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, not_found
@@ -86,7 +87,7 @@ from resolvers.core.pagination import filtered_page
 from resolvers.core.validation import check_display
 from resolvers.domain import access, families
 from resolvers.domain.access import content_reader as may_read
-from resolvers.domain.access import readable_content
+from resolvers.domain.access import load_content, readable_content
 from store import keys
 from store.items import Content, Tag
 from store.port import (
@@ -339,8 +340,35 @@ async def set_tags(
     viewer = await ctx.viewer_id()
     wanted = clean_values(values)
     name = None if set_name is None else clean_set_name(set_name)
+    found = await load_content(ctx, content_id)
+    if found is not None:
+        # What the write reads first (the summary, the markers the new tags
+        # touch), asked for beside the viewer's membership: it is wanted only
+        # if the rule allows, and then costs no round trip of its own.
+        now = ctx.services.now_iso()
+        ctx.loaders.ask(*_first_reads(found, _fresh(found, viewer, wanted, name, private, now)))
     content, _ = await readable_content(ctx, content_id)
-    return content, await _replace(ctx, content, viewer, wanted, name, private)
+    return content, await _replace(ctx, content, viewer, wanted, name, private, asked=True)
+
+
+def _fresh(
+    content: Content,
+    author_id: str,
+    wanted: list[tuple[str, str]],
+    set_name: str | None,
+    private: bool,
+    now: str,
+) -> list[Tag]:
+    return [
+        Tag(author_id, content.id, content.family_id, v, n, now, private, set_name, content.mime_type)
+        for v, n in wanted
+    ]
+
+
+def _first_reads(content: Content, fresh: list[Tag]) -> list[Key]:
+    changes: dict[Key, _MarkerChange] = {}
+    _marker_changes(fresh, +1, changes, sealed=access.is_sealed(content))
+    return [keys.content_tags(content.id), *changes]
 
 
 async def _replace(
@@ -350,26 +378,32 @@ async def _replace(
     wanted: list[tuple[str, str]],
     set_name: str | None,
     private: bool,
+    *,
+    asked: bool = False,
 ) -> list[Tag]:
+    """`asked`: the caller asked the loaders for the first attempt's first reads
+    in this operation, and nothing has written them since."""
     summary_key = keys.content_tags(content.id)
     for attempt in range(WRITE_ATTEMPTS):
         now = ctx.services.now_iso()
-        fresh = [
-            Tag(author_id, content.id, content.family_id, v, n, now, private, set_name, content.mime_type)
-            for v, n in wanted
-        ]
+        fresh = _fresh(content, author_id, wanted, set_name, private, now)
         # The summary and the markers the new tags touch leave together; markers
         # of an older set (known only from the summary) follow when there are any.
         changes: dict[Key, _MarkerChange] = {}
         sealed = access.is_sealed(content)
         _marker_changes(fresh, +1, changes, sealed=sealed)
-        found = await _batch_get(ctx, [summary_key, *changes])
+        first = [summary_key, *changes]
+        if asked and attempt == 0:
+            found = {k: i for k, i in zip(first, await ctx.loaders.many(first), strict=True) if i is not None}
+        else:  # a retry reads what changed meanwhile
+            found = await _batch_get(ctx, first)
         summary = summary_of(found.get(summary_key), content)
         old = [tag for tag in summary.tags if tag.author_id == author_id]
         since = {tag.normalized: tag.created_at for tag in old}
         new = [replace(tag, created_at=since.get(tag.normalized, tag.created_at)) for tag in fresh]
         _marker_changes(old, -1, changes, sealed=sealed)
-        found.update(await _batch_get(ctx, [key for key in changes if key not in found]))
+        # Only markers not read above: one found missing there is missing still.
+        found.update(await _batch_get(ctx, [key for key in changes if key not in first]))
 
         kept = [tag for tag in summary.tags if tag.author_id != author_id]
         item = _summary_item(content, (summary.version or 0) + 1, [*kept, *new])
@@ -411,16 +445,24 @@ async def remove_author(ctx: Context, content: Content, author_id: str) -> bool:
     return True
 
 
-async def cleanup_ops(ctx: Context, content: Content) -> list[WriteOp]:
+async def cleanup_ops(
+    ctx: Context, content: Content, summary_item: Item | Literal["unread"] | None = "unread"
+) -> list[WriteOp]:
     """The ops that remove the content's tags and keep the markers in step, for
     the content's own delete transaction. They are conditioned on the summary's
     version, so a `setTags` racing the delete cancels it rather than leaving
     tags behind. When one transaction could not hold them all, whole authors'
     tags are removed first, each in a transaction of its own that leaves tags,
-    summary and markers consistent (as `setTags` with no values would)."""
+    summary and markers consistent (as `setTags` with no values would).
+    `summary_item`: the summary as the caller just read it (None when it found
+    none), for the first pass; read here when the caller has not."""
     summary_key = keys.content_tags(content.id)
-    for _ in range(MAX_TRANSACTION_ITEMS):
-        summary = summary_of(await ctx.table.get(summary_key), content)
+    for attempt in range(MAX_TRANSACTION_ITEMS):
+        if attempt == 0 and summary_item != "unread":
+            read = summary_item
+        else:
+            read = await ctx.table.get(summary_key)
+        summary = summary_of(read, content)
         if summary.version is None:
             return [Check(summary_key, NotExists())]
         changes: dict[Key, _MarkerChange] = {}

@@ -53,6 +53,9 @@ async def me(ctx: Context) -> User:
 
 
 async def user(ctx: Context, user_id: str) -> User:
+    if keys.usable_id(user_id):
+        # Read beside the rule's first read; answered only if the rule allows it.
+        ctx.loaders.ask(keys.user(user_id))
     if not keys.usable_id(user_id) or not await can_see_user(ctx, user_id):
         raise not_found("user")
     return await load_user(ctx, user_id)
