@@ -33,8 +33,10 @@ from store.port import (
 )
 
 MAX_TITLE = 200
-# The unlock transaction holds the capsule, the content, two items per recipient,
-# the creator's notification, and up to two items that count the content's tags.
+# The unlock transaction holds the capsule, the content, an item per recipient and
+# up to two items that count the content's tags, and each person's notification
+# with their unread count when those fit (the scheduler writes them just before
+# it when they do not).
 MAX_RECIPIENTS = 47
 MAX_YEARS_AHEAD = 100
 OPEN = access.OPEN

@@ -8,8 +8,10 @@ One pass:
 3. UNLOCKING (just won, or left by a crash): once the content is READY, one
    transaction makes the capsule AVAILABLE, drops its GSI2 keys, puts the
    content in the feed, stamps the recipients and writes one notification per
-   person with an id derived from the capsule, so a replay cannot duplicate it.
-   Only the process whose transaction commits publishes the events.
+   person (counted unread) with an id derived from the capsule, so a replay
+   cannot duplicate it; for more people than it has room for, the
+   notifications are written just before it. Only the process whose
+   transaction commits publishes the events.
 4. SCHEDULED (no content by its date): stays closed; its creator is told once.
 5. A past day with nothing left to open moves the checkpoint past it, so a
    server that was down for days catches up without scanning the table.
@@ -28,6 +30,7 @@ from typing import TypeVar
 from resolvers.adapters.broker import Broker, user_channel
 from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
+from resolvers.domain import notifications
 from resolvers.domain.access import READERS
 from resolvers.domain.notifications import announce, notification_id
 from resolvers.domain.tags import unseal_ops
@@ -35,11 +38,11 @@ from store import keys
 from store.enums import CapsuleStatus, ContentStatus, NotificationType
 from store.items import Capsule, Content, Notification, iso, parse_iso
 from store.port import (
+    MAX_TRANSACTION_ITEMS,
     ConditionFailed,
     Exists,
     Item,
     NotExists,
-    Put,
     SortKey,
     StoreError,
     Table,
@@ -294,10 +297,18 @@ class UnlockScheduler:
                 for user in capsule.recipient_ids
                 if user in readers
             ),
-            *(Put(note.to_item(), NotExists()) for note in notes),
             # The content leaves its capsule: its tags now count for everyone.
             *await unseal_ops(self.table, content, reads.summaries.get(content.id)),
         ]
+        # Each notification is counted unread with it: an item more per person.
+        # When they do not fit in the unlock's transaction they are written just
+        # before it; a crash between leaves the capsule UNLOCKING, and the retry
+        # finds them written (and leaves them out).
+        _, note_ops = await notifications.creation_ops(self.table, notes)
+        if len(ops) + len(note_ops) <= MAX_TRANSACTION_ITEMS:
+            ops += note_ops
+        else:
+            await notifications.store(self.table, notes)
         try:
             await self.table.transact(ops)
         except TransactionCancelled as error:
@@ -347,11 +358,11 @@ class UnlockScheduler:
             )
         ]
         if tell:
-            ops.append(Put(note.to_item(), NotExists()))
+            ops += (await notifications.creation_ops(self.table, [note]))[1]
         try:
             await self.table.transact(ops)
         except TransactionCancelled:
-            return
+            return  # told already, or its epoch moved: the next pass reads again
         if tell:
             result.told_empty += 1
             await announce(self.broker, [note])
