@@ -198,7 +198,8 @@ class Mutation:
 
     @strawberry.mutation(
         description="marks the given notifications read, or all of the viewer's when ids is null; "
-        "returns how many changed"
+        "returns how many changed (were unread just before); ids that name nothing of the viewer's "
+        "change nothing"
     )
     async def mark_notifications_read(self, info: Info, ids: list[strawberry.ID] | None = None) -> int:
         return await notifications.mark_read(info.context, None if ids is None else [str(i) for i in ids])

@@ -1,12 +1,15 @@
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated
 
 import strawberry
 
+from resolvers.core.context import Context
 from resolvers.core.errors import NotFound
-from resolvers.domain import capsules, families
+from resolvers.core.pagination import ItemPage
+from resolvers.domain import capsules, families, notifications
 from resolvers.domain import content as content_resolvers
 from schema.capsule import Capsule
 from schema.common import Info, PageInfo, when
@@ -24,7 +27,8 @@ class Notification:
 
     @strawberry.field
     def id(self) -> strawberry.ID:
-        return strawberry.ID(self.item.id)
+        # It names the note's key and epoch: marking it read reads nothing first.
+        return strawberry.ID(notifications.public_id(self.item))
 
     @strawberry.field
     def type(self) -> NotificationType:
@@ -79,7 +83,45 @@ class NotificationEdge:
     node: Notification
 
 
+class NotificationPage:
+    """The page, read once and only if `edges` or `pageInfo` is asked for: a
+    client that asks for `unreadCount` alone costs one batch get."""
+
+    def __init__(self, ctx: Context, first: int, after: str | None, unread_only: bool) -> None:
+        self.ctx = ctx
+        self.first = first
+        self.after = after
+        self.unread_only = unread_only
+        self._page: asyncio.Task[ItemPage] | None = None
+
+    async def get(self) -> ItemPage:
+        if self._page is None:
+            self._page = asyncio.ensure_future(
+                notifications.notifications_page(self.ctx, self.first, self.after, self.unread_only)
+            )
+        return await asyncio.shield(self._page)
+
+
 @strawberry.type
 class NotificationConnection:
-    edges: list[NotificationEdge]
-    page_info: PageInfo
+    source: strawberry.Private[NotificationPage]
+
+    @strawberry.field
+    async def edges(self) -> list[NotificationEdge]:
+        page = await self.source.get()
+        return [
+            NotificationEdge(cursor=cursor, node=Notification(item=items.Notification.from_item(item)))
+            for item, cursor in zip(page.items, page.cursors, strict=True)
+        ]
+
+    @strawberry.field
+    async def page_info(self) -> PageInfo:
+        page = await self.source.get()
+        return PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor)
+
+    @strawberry.field(
+        description="how many of the viewer's notifications are unread, whatever this page holds "
+        "(what notifications(unreadOnly: true) lists, to its end)"
+    )
+    async def unread_count(self, info: Info) -> int:
+        return await notifications.unread_count(info.context)

@@ -3,18 +3,17 @@ from __future__ import annotations
 import strawberry
 
 from resolvers.core.pagination import page_size
-from resolvers.domain import capsules, exports, families, notifications, users
+from resolvers.domain import capsules, exports, families, users
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import tags as tag_resolvers
 from schema.account import DataExport
 from schema.capsule import Capsule, CapsuleConnection, capsule_connection
-from schema.common import Info, PageInfo
+from schema.common import Info
 from schema.content import Content
 from schema.family import Family, FamilyMember
-from schema.notification import Notification, NotificationConnection, NotificationEdge
+from schema.notification import NotificationConnection, NotificationPage
 from schema.tag import TagConnection, TagStatus, tag_connection
 from schema.user import User
-from store import items
 
 
 @strawberry.type
@@ -64,15 +63,8 @@ class Query:
     async def notifications(
         self, info: Info, first: int | None = 20, after: str | None = None, unread_only: bool | None = False
     ) -> NotificationConnection:
-        page = await notifications.notifications_page(
-            info.context, page_size(first, 20), after, bool(unread_only)
-        )
         return NotificationConnection(
-            edges=[
-                NotificationEdge(cursor=cursor, node=Notification(item=items.Notification.from_item(item)))
-                for item, cursor in zip(page.items, page.cursors, strict=True)
-            ],
-            page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+            source=NotificationPage(info.context, page_size(first, 20), after, bool(unread_only))
         )
 
     @strawberry.field(

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from store import keys
 from store.codec import Record
 from store.enums import DIGESTS, CapsuleStatus, ContentStatus, EmailPreference, ExportStatus, NotificationType
-from store.port import TTL_ATTRIBUTE, Item, Key, Update, eq
+from store.port import TTL_ATTRIBUTE, Condition, Item, Key, NotExists, Update, any_of, eq
 
 
 def iso(moment: datetime) -> str:
@@ -329,6 +329,10 @@ class Notification(Record):
     family_id: str | None = None
     content_id: str | None = None
     capsule_id: str | None = None
+    # The addressee's epoch when it was written (`UnreadCounter.epoch`): once a
+    # "mark everything read" moves the epoch past it, it is read whatever `read`
+    # says. None on notifications written before unread counts existed.
+    epoch: int | None = None
 
     @property
     def key(self) -> Key:
@@ -341,6 +345,37 @@ class Notification(Record):
             return {}
         gsi2pk, gsi2sk = keys.mail_outbox_gsi2(self.created_at, self.user_id, self.id)
         return {"GSI2PK": gsi2pk, "GSI2SK": gsi2sk}
+
+    def read_in(self, epoch: int) -> bool:
+        """Read by its own flag, or by a "mark everything read" since it was
+        written. One written before counts existed was never counted: read."""
+        return self.read or self.epoch is None or self.epoch < epoch
+
+
+@dataclass(frozen=True)
+class UnreadCounter(Record):
+    """One share of a person's unread count (`keys.UNREAD_SLOTS` of them). The
+    shares are summed while they are at the same epoch; every change to one is
+    conditioned on its epoch, so a count never mixes two epochs."""
+
+    user_id: str
+    slot: int
+    epoch: int = 0
+    unread: int = 0
+
+    @property
+    def key(self) -> Key:
+        return keys.unread_counter(self.user_id, self.slot)
+
+    def at_epoch(self) -> Condition:
+        # A share nobody has written yet is at epoch 0.
+        return eq("epoch", self.epoch) if self.epoch else any_of(NotExists(), eq("epoch", 0))
+
+    def add(self, by: int) -> Update:
+        """The count moved by `by`, while the share is still at this epoch; the
+        item is made whole if this is its first write."""
+        fields = {name: value for name, value in self.to_item().items() if name not in ("PK", "SK", "unread")}
+        return Update(self.key, set=fields, add={"unread": by}, condition=self.at_epoch())
 
 
 @dataclass(frozen=True)

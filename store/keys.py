@@ -222,6 +222,19 @@ def notification_id_of(sk: str) -> str:
     return sk.rsplit("#", 1)[1]
 
 
+# A person's unread count is split over this many items: marking 100 notifications
+# takes 100 note writes and a count in one transaction of at most 100 items, so
+# it takes two transactions, each with a count of its own (the same item in two
+# concurrent transactions is a conflict on DynamoDB).
+UNREAD_SLOTS = 2
+
+
+def unread_counter(user_id: str, slot: int) -> Key:
+    """One share of the person's unread count, with the epoch of their last
+    "mark everything read" (not under NOTIF#, so listings never meet it)."""
+    return (f"USER#{user_id}", f"UNREAD#{slot}")
+
+
 # Tags -------------------------------------------------------------------------
 
 

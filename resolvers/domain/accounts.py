@@ -44,7 +44,7 @@ from datetime import timedelta
 
 from resolvers.core.context import Context
 from resolvers.core.errors import Conflict, Unauthenticated
-from resolvers.domain import families, footprint, tags
+from resolvers.domain import families, footprint, notifications, tags
 from resolvers.domain.content import REACTOR_ATTR
 from store import keys
 from store.enums import CapsuleStatus, ContentStatus, Role
@@ -522,6 +522,9 @@ async def _own_partition(ctx: Context, marker: AccountDeletion) -> None:
     """Everything under `USER#<id>` but the marker, and the export files. A
     profile made after the deletion began belongs to the person's fresh start
     (another run finished first and they signed in again): it stays."""
+    # Notifications and their unread counters go first, together, so the counters
+    # never outlive a notification they count (nor miss one written meanwhile).
+    await notifications.delete_all(ctx.table, marker.user_id)
     found = await footprint.everything(ctx.table, keys.user_pk(marker.user_id))
     files = [
         DataExport.from_item(item).blob_key

@@ -32,7 +32,7 @@ from typing import Any
 
 from resolvers.core.context import Context
 from resolvers.core.errors import not_found
-from resolvers.domain import footprint
+from resolvers.domain import footprint, notifications
 from resolvers.domain.access import OPEN
 from store import keys
 from store.blobs import BlobNotFound, BlobStore
@@ -302,6 +302,8 @@ async def collect(table: Table, user_id: str, now_iso: str) -> tuple[dict[str, A
         if item is not None and item.get("status") in OPEN:
             opened.append(_received(Capsule.from_item(item), recipient.viewed_at))
 
+    # Read as the API shows them: a "mark everything read" since counts.
+    epoch = await notifications.epoch_of(table, user_id)
     reaction_keys = [keys.reaction(c.id, e, user_id) for c, emojis in reactors for e in emojis]
     reacted = await table.batch_get(reaction_keys) if reaction_keys else {}
     contents = sorted(own.values(), key=lambda c: (c.created_at, c.id))
@@ -339,7 +341,7 @@ async def collect(table: Table, user_id: str, now_iso: str) -> tuple[dict[str, A
                 "id": note.id,
                 "type": note.type,
                 "createdAt": note.created_at,
-                "read": note.read,
+                "read": note.read_in(epoch),
                 "familyId": note.family_id,
                 "contentId": note.content_id,
                 "capsuleId": note.capsule_id,

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from resolvers.adapters.broker import Broker, content_channel, user_channel
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, NotFound
-from resolvers.domain import access
+from resolvers.domain import access, notifications
 from resolvers.domain import content as content_resolvers
 from resolvers.domain.notifications import notification_id
 from store import keys
@@ -77,6 +77,7 @@ class UnlockedReads:
     capsule: Item
     content: Item | None
     members: dict[str, Item]  # membership items by user id
+    notes: dict[str, Item]  # each person's CAPSULE_UNLOCKED notification, by user id
 
 
 class EventReads:
@@ -113,9 +114,13 @@ def _event_reads(ctx: Context) -> EventReads:
     return ctx.services.event_reads
 
 
-async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str) -> Capsule | None:
+async def _unlocked_capsule(
+    ctx: Context, event: dict[str, object], viewer: str
+) -> tuple[Capsule, Notification | None] | None:
+    """The capsule an event names if this viewer may read it, with the viewer's
+    notification of its opening (whose public id is the event's id)."""
     capsule_id, unlocked_at = str(event["capsuleId"]), str(event["unlockedAt"])
-    if not keys.usable_id(capsule_id):
+    if not keys.usable_id(capsule_id) or not keys.usable_id(unlocked_at):
         return None
 
     async def load() -> UnlockedReads | None:
@@ -125,11 +130,16 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
         # Only the people this event can wake: the recipients and the creator.
         people = {*capsule.get("recipientIds", ()), capsule["creatorId"]}
         wanted = [keys.member(capsule["familyId"], person) for person in people]
+        wanted += [
+            keys.notification(person, unlocked_at, capsule_event_id(capsule_id, person)) for person in people
+        ]
         if capsule.get("contentId"):
             wanted.append(keys.content(capsule["contentId"]))
         found = await ctx.table.batch_get(wanted)
         content = found.pop(keys.content(capsule["contentId"]), None) if capsule.get("contentId") else None
-        return UnlockedReads(capsule, content, {item["userId"]: item for item in found.values()})
+        members = {item["userId"]: item for item in found.values() if item.get("type") == "Membership"}
+        notes = {item["userId"]: item for item in found.values() if item.get("type") == "Notification"}
+        return UnlockedReads(capsule, content, members, notes)
 
     shared = await _event_reads(ctx).read(("capsule", capsule_id, unlocked_at), load)
     if shared is None:
@@ -142,7 +152,10 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
             ctx.loaders.remember(item)
     ctx.loaders.item.prime(keys.member(capsule.family_id, viewer), shared.members.get(viewer))
     # The one read rule decides, creator and recipients alike.
-    return capsule if await access.may_read(ctx, capsule) else None
+    if not await access.may_read(ctx, capsule):
+        return None
+    note = shared.notes.get(viewer)
+    return capsule, Notification.from_item(note) if note is not None else None
 
 
 # Resuming ---------------------------------------------------------------------
@@ -174,17 +187,28 @@ class Seen:
 
 
 async def _notifications_after(ctx: Context, viewer: str, after: str) -> list[Notification]:
-    """The viewer's notifications newer than the one `after` names, oldest first."""
+    """The viewer's notifications newer than the one `after` names, oldest first.
+
+    A notification's public id carries its place (`notifications.public_id`),
+    so the read starts right after it; a bare id (from before public ids held
+    their place) is looked for among the newest `REPLAY_LIMIT`."""
+    pk, prefix = keys.user_pk(viewer), SortKey.begins_with(keys.NOTIFICATION_PREFIX)
+    named = notifications.parse_public_id(viewer, after)
+    if named is not None:
+        # Just after the named sort key (no key continues it below " "), up to
+        # the last notification ("~" sorts after every character of a key).
+        after_it = SortKey.between(named.key[1] + " ", keys.NOTIFICATION_PREFIX + "~")
+        page = await ctx.table.query(pk, after_it, limit=REPLAY_LIMIT)
+        if page.cursor is None:
+            return [Notification.from_item(item) for item in page.items]
+        raise BadInput(
+            f"after: more than {REPLAY_LIMIT} notifications came since {after!r}; "
+            "subscribe without `after` and refetch what you missed"
+        )
     newer: list[Notification] = []
     cursor: str | None = None
     while len(newer) < REPLAY_LIMIT:
-        page = await ctx.table.query(
-            keys.user_pk(viewer),
-            SortKey.begins_with(keys.NOTIFICATION_PREFIX),
-            descending=True,
-            limit=100,
-            cursor=cursor,
-        )
+        page = await ctx.table.query(pk, prefix, descending=True, limit=100, cursor=cursor)
         for item in page.items:
             if item["id"] == after:
                 return newer[::-1]
@@ -211,7 +235,8 @@ async def capsules_unlocked(
     ctx: Context, after: str | None = None
 ) -> AsyncIterator[tuple[Capsule, str, str]]:
     """(capsule, unlocked at, event id) for every capsule the viewer may read
-    as it opens; with `after`, first those that opened since that event."""
+    as it opens; with `after`, first those that opened since that event. The
+    event id is the public id of the viewer's notification of the opening."""
     with ctx.services.metrics.subscription("capsuleUnlocked"):
         viewer = await ctx.viewer_id()
         seen = Seen()
@@ -223,20 +248,24 @@ async def capsules_unlocked(
                     async with _slot(ctx):
                         opened = await _capsule_for(ctx, _capsule_event(note), viewer)
                         if opened is not None and seen.first_time(note.id):
-                            yield opened, note.created_at, note.id
+                            yield opened[0], note.created_at, notifications.public_id(note)
             async for event in events:
                 if event.get("kind") != "capsule":
                     continue
-                event_id = capsule_event_id(str(event["capsuleId"]), viewer)
-                if event_id in seen:
+                raw_id = capsule_event_id(str(event["capsuleId"]), viewer)
+                if raw_id in seen:
                     continue
                 async with _slot(ctx):
                     opened = await _capsule_for(ctx, event, viewer)
-                    if opened is not None and seen.first_time(event_id):
-                        yield opened, str(event["unlockedAt"]), event_id
+                    if opened is not None and seen.first_time(raw_id):
+                        capsule, told = opened
+                        event_id = notifications.public_id(told) if told is not None else raw_id
+                        yield capsule, str(event["unlockedAt"]), event_id
 
 
-async def _capsule_for(ctx: Context, event: dict[str, object], viewer: str) -> Capsule | None:
+async def _capsule_for(
+    ctx: Context, event: dict[str, object], viewer: str
+) -> tuple[Capsule, Notification | None] | None:
     """The capsule an event names, if this viewer may read it (the caller holds a slot)."""
     _refresh(ctx)
     try:

@@ -11,8 +11,9 @@ One pass:
    share a burst of due capsules instead of one of them taking it all.
 3. UNLOCKING (just won, or left by a crash): once the content is READY, in
    steps that can each be replayed:
-   - one notification per person, in batches of conditional puts with ids
-     derived from the capsule, and the recipients' `notifiedAt` stamps;
+   - one notification per person, counted unread, in batches of conditional
+     puts with ids derived from the capsule, and the recipients' `notifiedAt`
+     stamps;
    - one transaction makes the capsule AVAILABLE, puts the content in the feed,
      unseals its tags, and writes an outbox item naming who is to be told;
    - the events go out in one batched publish, then the outbox item goes.
@@ -39,6 +40,7 @@ from typing import TypeVar
 from resolvers.adapters.broker import Broker, Event, user_channel
 from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
+from resolvers.domain import notifications
 from resolvers.domain.access import READERS
 from resolvers.domain.notifications import announce, notification_id
 from resolvers.domain.tags import unseal_ops
@@ -335,8 +337,10 @@ class UnlockScheduler:
             for user in people
         ]
         # Before the capsule opens, in replayable batches: a capsule of any size.
+        # Each note is counted unread with it; a replay finds its note and
+        # leaves it out, so nothing is written or counted twice.
         await asyncio.gather(
-            self._write_notes(notes),
+            notifications.store(self.table, notes),
             self._stamp(capsule, [user for user in capsule.recipient_ids if user in readers], unlocking_at),
         )
         outbox = keys.unlock_outbox(iso(self.clock()), capsule.id, self.shards)
@@ -378,22 +382,6 @@ class UnlockScheduler:
         self.metrics.capsule_unlocked()
         await self._publish(capsule.id, unlocking_at, people, outbox)
         return True
-
-    async def _write_notes(self, notes: Sequence[Notification]) -> None:
-        """Each note once: a batch is one transaction of conditional puts; a batch
-        a crashed pass had partly written goes note by note."""
-
-        async def batch(chunk: Sequence[Notification]) -> None:
-            try:
-                await self.table.transact([Put(note.to_item(), NotExists()) for note in chunk])
-            except TransactionCancelled:
-                for note in chunk:
-                    with contextlib.suppress(ConditionFailed):
-                        await self.table.put(note.to_item(), NotExists())
-
-        await asyncio.gather(
-            *(batch(notes[n : n + TRANSACTION_ITEMS]) for n in range(0, len(notes), TRANSACTION_ITEMS))
-        )
 
     async def _stamp(self, capsule: Capsule, recipients: Sequence[str], at: str) -> None:
         """The recipients' `notifiedAt`, in transactions of up to 100 (replaying one sets the same)."""
@@ -479,11 +467,11 @@ class UnlockScheduler:
             )
         ]
         if tell:
-            ops.append(Put(note.to_item(), NotExists()))
+            ops += (await notifications.creation_ops(self.table, [note]))[1]
         try:
             await self.table.transact(ops)
         except TransactionCancelled:
-            return
+            return  # told already, or its epoch moved: the next pass reads again
         if tell:
             result.told_empty += 1
             await announce(self.broker, [note])

@@ -59,6 +59,11 @@ async def note_for(api: Api, user: str, family_id: str) -> Notification:
     return note
 
 
+def raw(public_id: str) -> str:
+    """The stored id inside a public one (`<id>.<epoch>.<createdAt>`)."""
+    return public_id.split(".", 1)[0]
+
+
 async def ids_newest_first(api: Api, user: str) -> list[str]:
     page = await api.table.query(keys.user_pk(user), descending=True)
     return [item["id"] for item in page.items if item.get("type") == "Notification"]
@@ -74,9 +79,13 @@ async def test_resume_replays_what_was_missed_oldest_first_then_goes_live(api: A
     last_seen, missed = newest_first[-1], newest_first[-2::-1]
     async with stream(api, NOTES, last_seen, "ben") as events:
         replayed = [(await next_data(events))["notificationAdded"]["id"] for _ in missed]
-        assert replayed == missed
+        assert [raw(i) for i in replayed] == missed
         live = await note_for(api, "ben", family_id)
-        assert (await next_data(events))["notificationAdded"]["id"] == live.id
+        assert raw((await next_data(events))["notificationAdded"]["id"]) == live.id
+    # The public id of the last one seen holds its place: the same replay, read from there.
+    async with stream(api, NOTES, replayed[0], "ben") as events:
+        again = [(await next_data(events))["notificationAdded"]["id"] for _ in range(2)]
+    assert [raw(i) for i in again] == [*missed[1:], live.id]
 
 
 @pytest.mark.parametrize("lands", ["before the read", "after the read"])
@@ -103,9 +112,9 @@ async def test_an_event_published_during_the_replay_comes_once(api: Api, lands: 
     table.query = query_racing_a_publish  # type: ignore[method-assign]
     try:
         async with stream(api, NOTES, first.id, "ben") as events:
-            got = [(await next_data(events))["notificationAdded"]["id"] for _ in range(2)]
+            got = [raw((await next_data(events))["notificationAdded"]["id"]) for _ in range(2)]
             sentinel = await note_for(api, "ben", family_id)
-            got.append((await next_data(events))["notificationAdded"]["id"])
+            got.append(raw((await next_data(events))["notificationAdded"]["id"]))
     finally:
         del table.query
     # The racing event once, in its place; the sentinel shows nothing came twice before it.
@@ -119,13 +128,19 @@ async def test_capsule_events_carry_a_stable_id_and_resume(api: Api) -> None:
     event_id = notifications.notification_id(NotificationType.CAPSULE_UNLOCKED, capsule_id, "ben")
     async with stream(api, CAPSULES, before.id, "ben") as events:
         data = await next_data(events)
-    assert data["capsuleUnlocked"] == {"id": event_id, "capsule": {"id": capsule_id}}
+    public = data["capsuleUnlocked"]["id"]
+    assert raw(public) == event_id and data["capsuleUnlocked"]["capsule"] == {"id": capsule_id}
+    listed = await api.ok("{ notifications { edges { node { id type } } } }", as_="ben")
+    assert {"id": public, "type": "CAPSULE_UNLOCKED"} in [e["node"] for e in listed["notifications"]["edges"]]
     # Resuming from the capsule's own event id replays nothing of it.
-    async with stream(api, CAPSULES, event_id, "ben") as events:
+    async with stream(api, CAPSULES, public, "ben") as events:
         nothing = asyncio.ensure_future(events.__anext__())
         later = await open_capsule_for(api, family_id, "ben")
         result = await asyncio.wait_for(nothing, 30)
     assert result.data["capsuleUnlocked"]["capsule"]["id"] == later
+    assert raw(result.data["capsuleUnlocked"]["id"]) == notifications.notification_id(
+        NotificationType.CAPSULE_UNLOCKED, later, "ben"
+    )
 
 
 async def test_an_unknown_after_is_refused_with_a_reason(api: Api) -> None:
