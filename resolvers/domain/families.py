@@ -291,19 +291,23 @@ async def join_family(ctx: Context, invite_code: str) -> Membership:
         raise BadInput("that invite code is not valid; check it with the family's admin")
     role = Role.MEMBER if family.trust_level == TrustLevel.OPEN else Role.PENDING
     membership = Membership(family.id, viewer, role, ctx.services.now_iso())
+    notes = notifications.joined_notes(ctx, family, membership, members)
+    join = ctx.table.transact(
+        [
+            Check(invite.key, eq("familyId", family.id)),
+            *_join_ops(membership),
+            Update(
+                family.key,
+                add={"memberCount": 1},
+                # Families from before the count start counting at their next join.
+                condition=any_of(NotExists("memberCount"), Compare("memberCount", "<", MAX_MEMBERS)),
+            ),
+        ]
+    )
     try:
-        await ctx.table.transact(
-            [
-                Check(invite.key, eq("familyId", family.id)),
-                *_join_ops(membership),
-                Update(
-                    family.key,
-                    add={"memberCount": 1},
-                    # Families from before the count start counting at their next join.
-                    condition=any_of(NotExists("memberCount"), Compare("memberCount", "<", MAX_MEMBERS)),
-                ),
-            ]
-        )
+        # The addressees' unread epochs are read beside the join's write; the
+        # notes are written once it has committed.
+        _, prepared = await asyncio.gather(join, notifications.creation_ops(ctx.table, notes))
     except TransactionCancelled as error:
         if error.failed_on(membership.key) or error.failed_on(keys.user_family(viewer, family.id)):
             raise Conflict("you are already in this family") from error
@@ -311,7 +315,7 @@ async def join_family(ctx: Context, invite_code: str) -> Membership:
             raise Conflict(f"this family is full: a family has at most {MAX_MEMBERS} members") from error
         raise BadInput("that invite code is not valid; check it with the family's admin") from error
     ctx.loaders.remember(membership.to_item())
-    await notifications.member_joined(ctx, family, membership, members)
+    await notifications.write_prepared(ctx.table, notifications.broker_of(ctx), notes, prepared)
     return membership
 
 
@@ -369,25 +373,40 @@ async def vouch(ctx: Context, family_id: str, user_id: str) -> Membership:
 
 async def approve_member(ctx: Context, family_id: str, user_id: str) -> Membership:
     _ask_target(ctx, family_id, user_id)
-    family, _ = await admin_family(ctx, family_id)
-    target = await load_membership(ctx, family_id, user_id)
-    if target is None:
-        raise not_found("member")
-    if target.role != Role.PENDING:
-        raise Conflict("that member is not pending")
-    admit = Update(target.key, set={"role": Role.MEMBER}, condition=eq("role", Role.PENDING))
-    # Whom to tell is read beside the write (the admitted member, PENDING or
-    # MEMBER, is never among them); they are told once it has committed.
+    # Whom to tell is read beside the rule's reads (nothing of it is answered
+    # unless the viewer may approve); the admitted member, PENDING or MEMBER,
+    # is never among them.
+    members_read = asyncio.ensure_future(
+        notifications.family_members(ctx.table, family_id) if keys.usable_id(family_id) else _no_members()
+    )
     try:
-        _, members = await asyncio.gather(
-            ctx.table.update(admit), notifications.family_members(ctx.table, family.id)
+        family, _ = await admin_family(ctx, family_id)
+        target = await load_membership(ctx, family_id, user_id)
+        if target is None:
+            raise not_found("member")
+        if target.role != Role.PENDING:
+            raise Conflict("that member is not pending")
+        members = await members_read
+    finally:
+        members_read.cancel()
+    admit = Update(target.key, set={"role": Role.MEMBER}, condition=eq("role", Role.PENDING))
+    updated = replace(target, role=Role.MEMBER)
+    notes = notifications.admitted_notes(ctx, family, updated, members)
+    try:
+        # The addressees' unread epochs are read beside the write; they are told
+        # once it has committed.
+        _, prepared = await asyncio.gather(
+            ctx.table.update(admit), notifications.creation_ops(ctx.table, notes)
         )
     except ConditionFailed as error:
         raise Conflict("that member is not pending") from error
     ctx.loaders.forget(target.key)
-    updated = replace(target, role=Role.MEMBER)
-    await notifications.member_admitted(ctx, family, updated, members)
+    await notifications.write_prepared(ctx.table, notifications.broker_of(ctx), notes, prepared)
     return updated
+
+
+async def _no_members() -> list[Membership]:
+    return []
 
 
 async def _leave(ctx: Context, family: Family, target: Membership) -> None:

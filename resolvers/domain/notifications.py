@@ -196,6 +196,8 @@ async def creation_ops(
     its addressee's epoch read now, and their counts. One batch get reads the
     epochs and the notes; the transaction is cancelled if a note is written or
     an epoch moves meanwhile."""
+    if not notes:
+        return [], []
     users = list(dict.fromkeys(note.user_id for note in notes))
     counter_at = {user: keys.unread_counter(user, 0) for user in users}
     found = await table.batch_get([*counter_at.values(), *(note.key for note in notes)])
@@ -232,12 +234,10 @@ async def content_ready(table: Table, broker: Broker | None, content: Content, a
     await write(table, broker, notes)
 
 
-async def member_joined(
-    ctx: Context, family: Family, joined: Membership, members: Sequence[Membership] | None = None
-) -> None:
-    # `members`, when given, were read by the caller beside its own reads.
-    if members is None:
-        members = await family_members(ctx.table, family.id)
+def joined_notes(
+    ctx: Context, family: Family, joined: Membership, members: Sequence[Membership]
+) -> list[Notification]:
+    """Who is told of a join: the admins, or those who may admit a PENDING member."""
     if joined.role == Role.PENDING:
         kind = NotificationType.MEMBER_PENDING
         can_admit = (Role.ADMIN, Role.MEMBER) if family.trust_level == TrustLevel.VOUCHED else (Role.ADMIN,)
@@ -245,23 +245,26 @@ async def member_joined(
     else:
         kind = NotificationType.MEMBER_JOINED
         to = [m.user_id for m in members if m.role == Role.ADMIN and m.user_id != joined.user_id]
-    await _family_note(ctx, family, joined, kind, to)
+    return _family_notes(ctx, family, joined, kind, to)
 
 
-async def member_admitted(
-    ctx: Context, family: Family, admitted: Membership, members: Sequence[Membership] | None = None
-) -> None:
-    if members is None:
-        members = await family_members(ctx.table, family.id)
+def admitted_notes(
+    ctx: Context, family: Family, admitted: Membership, members: Sequence[Membership]
+) -> list[Notification]:
     to = [m.user_id for m in members if m.role == Role.ADMIN and m.user_id != admitted.user_id]
-    await _family_note(ctx, family, admitted, NotificationType.MEMBER_JOINED, to)
+    return _family_notes(ctx, family, admitted, NotificationType.MEMBER_JOINED, to)
 
 
-async def _family_note(
+async def member_admitted(ctx: Context, family: Family, admitted: Membership) -> None:
+    members = await family_members(ctx.table, family.id)
+    await write(ctx.table, broker_of(ctx), admitted_notes(ctx, family, admitted, members))
+
+
+def _family_notes(
     ctx: Context, family: Family, member: Membership, kind: str, to: Sequence[str]
-) -> None:
+) -> list[Notification]:
     now = ctx.services.now_iso()
-    notes = [
+    return [
         Notification(
             user_id=user_id,
             id=notification_id(kind, family.id, member.user_id, member.joined_at, user_id),
@@ -271,7 +274,24 @@ async def _family_note(
         )
         for user_id in to
     ]
-    await write(ctx.table, broker_of(ctx), notes)
+
+
+async def write_prepared(
+    table: Table,
+    broker: Broker | None,
+    notes: Sequence[Notification],
+    prepared: tuple[list[Notification], list[WriteOp]],
+) -> None:
+    """Writes notes whose epochs were read beside the caller's own write (from
+    `creation_ops`), saving a round trip; if an epoch moved meanwhile, `store`
+    reads again."""
+    fresh, ops = prepared
+    try:
+        if ops:
+            await table.transact(ops)
+    except TransactionCancelled:
+        fresh = await store(table, notes)
+    await announce(broker, fresh)
 
 
 async def notifications_page(ctx: Context, first: int, after: str | None, unread_only: bool) -> ItemPage:

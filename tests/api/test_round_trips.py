@@ -31,14 +31,14 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "query `searchTags`": (3, 3),
     "query `myTags`": (1, 1),
     "query `tagStatus`": (1, 1),
-    "query `notifications`": (3, 3),
+    "query `notifications`": (4, 3),
     "mutation `updateProfile`": (1, 1),
     "mutation `completeOnboarding`": (1, 1),
     "mutation `createFamily`": (2, 2),
     "mutation `rotateInviteCode`": (2, 2),
-    "mutation `joinFamily`": (7, 4),
+    "mutation `joinFamily`": (8, 4),
     "mutation `vouch`": (2, 2),
-    "mutation `approveMember`": (4, 3),
+    "mutation `approveMember`": (5, 3),
     "mutation `removeMember`": (3, 3),
     "mutation `leaveFamily`": (3, 3),
     "mutation `createUpload`": (4, 2),
@@ -55,12 +55,12 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "mutation `cancelCapsule`": (3, 3),
     "mutation `openCapsule`": (3, 3),
     "mutation `setTags`": (3, 3),
-    "mutation `markNotificationsRead`": (12, 12),
+    "mutation `markNotificationsRead`": (2, 2),
     "mutation `restoreContent`": (3, 3),
     "mutation `resumeUpload`": (2, 2),
     "mutation `requestDataExport`": (3, 2),
     "query `dataExport`": (1, 1),
-    "mutation `deleteMyAccount`": (13, 13),
+    "mutation `deleteMyAccount`": (17, 17),
 }
 # Over the bound, each for a reason written in docs/decisions.md ("Three round
 # trips at most"). The notifications are being rewritten elsewhere: recorded as
@@ -68,7 +68,6 @@ EXPECTED: dict[str, tuple[int, int]] = {
 BEYOND_THREE = {
     "query `family` (the feed query of sections 1–2)",
     "mutation `joinFamily`",
-    "mutation `markNotificationsRead`",
     "mutation `deleteMyAccount`",
 }
 
