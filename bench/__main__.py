@@ -3,7 +3,8 @@ written to bench/RESULTS.md with the machine and library versions.
 
 ./dev bench observability [--quick]: section 7 alone (what metrics and tracing
 cost), printed, and written to bench/RESULTS-observability.md unless --out says
-otherwise."""
+otherwise; ./dev bench scaleout [--quick]: section 8 alone (1 and 3 server
+processes sharing the store and Redis), written to bench/RESULTS-scaleout.md."""
 
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from bench.common import FULL, QUICK, Row, Sizes, bench_settings, in_process_app
 from bench.processes import cpu_count
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = (1, 2, 3, 4, 5, 6, 7)
-NAMED = {"observability": 7}
+SECTIONS = (1, 2, 3, 4, 5, 6, 7, 8)
+NAMED = {"observability": 7, "scaleout": 8}
 
 
 async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[list[Row], str]:
@@ -40,7 +41,7 @@ async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[
 
 
 def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: bool = True) -> list[Row]:
-    from bench import fanout, http, observability, robustness, round_trips, unlock
+    from bench import fanout, http, observability, robustness, round_trips, scaleout, unlock
 
     def say(text: str) -> None:
         if log:
@@ -70,6 +71,9 @@ def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: b
     if 7 in only:
         say("section 7 (observability cost)")
         rows += observability.run(tmp / "data", family_id, sizes, tmp)
+    if 8 in only:
+        say("section 8 (scale-out)")
+        rows += scaleout.run(sizes, tmp)
     return rows
 
 

@@ -44,6 +44,10 @@ class Sizes:
     round_trip_latency: float = 0.01
     robust_seconds: float = 10.0
     robust_subscribers: int = 10_000
+    scaleout_members: int = 600
+    scaleout_capsules: int = 39
+    scaleout_rounds: int = 5
+    scaleout_processes: int = 3
 
 
 FULL = Sizes()
@@ -62,6 +66,9 @@ QUICK = Sizes(
     round_trip_latency=0.005,
     robust_seconds=3.0,
     robust_subscribers=500,
+    scaleout_members=120,
+    scaleout_capsules=13,
+    scaleout_rounds=2,
 )
 TINY = Sizes(
     exec_rounds=1,
@@ -78,6 +85,10 @@ TINY = Sizes(
     round_trip_latency=0.001,
     robust_seconds=0.5,
     robust_subscribers=4,
+    scaleout_members=6,
+    scaleout_capsules=3,
+    scaleout_rounds=1,
+    scaleout_processes=2,
 )
 
 

@@ -57,6 +57,19 @@ class Clients:
                 self.stop()
                 raise RuntimeError(f"clients failed to subscribe: {line}")
 
+    def count(self) -> int:
+        """Events the clients have received so far."""
+        total = 0
+        for proc in self.procs:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write("COUNT\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline().split()
+            if len(line) != 2 or line[0] != "COUNT":
+                raise RuntimeError(f"a client process answered {line!r} to COUNT")
+            total += int(line[1])
+        return total
+
     def stop(self) -> list[tuple[float, str]]:
         received: list[tuple[float, str]] = []
         for proc in self.procs:

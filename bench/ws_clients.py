@@ -3,8 +3,10 @@ subscriptions with raw `websockets`, stamps every event it receives.
 
     python -m bench.ws_clients URL [QUERY] < tokens (comma-separated, one line)
 
-Prints "READY <n>" once every subscription is sent; on "STOP" (stdin) prints
-one JSON line: [[time.time(), capsule id], ...] and exits.
+Prints "READY <n>" once every subscription is sent; on "COUNT" (stdin) prints
+"COUNT <events received so far>", so a caller can wait for its deliveries
+without guessing how long they take; on "STOP" prints one JSON line:
+[[time.time(), capsule id], ...] and exits.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ async def main() -> None:
         line = await loop.run_in_executor(None, sys.stdin.readline)
         if not line or line.strip() == "STOP":
             break
+        if line.strip() == "COUNT":
+            print(f"COUNT {len(received)}", flush=True)
     failed = [repr(t.exception()) for t in tasks if t.done() and not t.cancelled() and t.exception()]
     print(json.dumps({"received": received, "failed": failed[:5], "failures": len(failed)}), flush=True)
     for task in tasks:

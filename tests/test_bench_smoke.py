@@ -18,7 +18,7 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
     rows = run_sections(TINY, tmp_path, log=False)
     rendered = table(rows)
     sections = {row.section for row in rows}
-    assert {s.split(".")[0] for s in sections} == {"1", "2", "3", "4", "5", "6", "7"}
+    assert {s.split(".")[0] for s in sections} == {"1", "2", "3", "4", "5", "6", "7", "8"}
     measures = [row.measure for row in rows]
     for expected in (
         "Strawberry / graphql-core",
@@ -35,9 +35,18 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
         "server RSS growth, (b) peak (MB)",
         "`me` metrics on, tracing off / metrics off, tracing off (req/s)",
         "`feed` metrics on, tracing on / metrics off, tracing off (req/s)",
+        "  capsules opened exactly once (counters sum to the capsules, every round, 1 and N processes)",
     ):
         assert expected in measures, expected
     assert any(m.startswith("embedded store:") for m in measures)
     assert any(m.startswith("DynamoDB (moto_server)") for m in measures)
+    # Section 8 checks that every capsule opened once and every event arrived.
+    assert (
+        next(row for row in rows if row.measure.startswith("  capsules opened exactly once")).median == "yes"
+    )
+    for ways in ("1 process", "2 processes"):
+        assert any(
+            m.startswith(f"unlock date → last delivery, {ways}, 6 subscribers; missed 0") for m in measures
+        )
     assert not [row for row in rows if row.median == "not measured"]
     assert rendered.count("\n") == len(rows) + 1
