@@ -26,6 +26,7 @@ from resolvers.core.errors import BadInput
 from schema.cost import QueryCost
 from schema.errors import CodedParserCache, ContractErrors
 from schema.guard import ReadGuard, SignedIn
+from schema.multiplex import MultiplexingExecutionContext
 from schema.mutation import Mutation
 from schema.observability import OperationLog, OperationMetrics, Tracing
 from schema.persisted import IntrospectionGate, RegisterPersisted
@@ -147,6 +148,8 @@ def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.S
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
+        # A subscription event's answer is executed once for the subscribers alike.
+        execution_context_class=MultiplexingExecutionContext,
         extensions=[
             # First: they time the hooks of the others, and see the coded errors.
             *observe,

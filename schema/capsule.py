@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import strawberry
 
@@ -103,6 +103,8 @@ class CapsuleUnlockedEvent:
     )
     capsule: Capsule
     unlocked_at: datetime
+    # Whom this event's answer can be shared with (schema.multiplex).
+    share: strawberry.Private[tuple[Any, ...] | None] = None
 
 
 def capsule_connection(page: capsules.CapsulePage) -> CapsuleConnection:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import strawberry
 
@@ -60,6 +60,8 @@ class CommentConnection:
 @strawberry.type
 class Content:
     item: strawberry.Private[items.Content]
+    # Whom a subscription event's answer can be shared with (schema.multiplex).
+    share: strawberry.Private[tuple[Any, ...] | None] = None
 
     @strawberry.field
     def id(self) -> strawberry.ID:

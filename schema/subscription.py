@@ -21,9 +21,12 @@ class Subscription:
         self, info: Info, after: strawberry.ID | None = None
     ) -> AsyncGenerator[CapsuleUnlockedEvent, None]:
         stream = live.capsules_unlocked(info.context, str(after) if after is not None else None)
-        async for capsule, unlocked_at, event_id in stream:
+        async for capsule, unlocked_at, event_id, share in stream:
             yield CapsuleUnlockedEvent(
-                id=strawberry.ID(event_id), capsule=Capsule(item=capsule), unlocked_at=when(unlocked_at)
+                id=strawberry.ID(event_id),
+                capsule=Capsule(item=capsule),
+                unlocked_at=when(unlocked_at),
+                share=share,
             )
 
     @strawberry.subscription(
@@ -43,5 +46,5 @@ class Subscription:
     async def content_status_changed(
         self, info: Info, content_id: strawberry.ID
     ) -> AsyncGenerator[Content, None]:
-        async for content in live.content_status(info.context, str(content_id)):
-            yield Content(item=content)
+        async for content, share in live.content_status(info.context, str(content_id)):
+            yield Content(item=content, share=share)

@@ -48,18 +48,26 @@ def _refresh(ctx: Context) -> None:
     ctx.forget_loaders()
 
 
-async def content_status(ctx: Context, content_id: str) -> AsyncIterator[Content]:
-    """The content as it is now, then again at every status change."""
+# What a subscriber's rights on an event's record depend on, beside the event
+# itself: subscribers whose `share` is equal see the same answer to the same
+# document (schema.multiplex executes it once for them).
+Share = tuple[str | bool | None, ...]
+
+
+async def content_status(ctx: Context, content_id: str) -> AsyncIterator[tuple[Content, Share | None]]:
+    """The content as it is now, then again at every status change; with each
+    change, what the viewer's rights on it depend on."""
     with ctx.services.metrics.subscription("contentStatusChanged"):
         content, _ = await content_resolvers.readable_content(ctx, content_id)
+        viewer = await ctx.viewer_id()
         async with _broker(ctx).subscribe(content_channel(content_id)) as events:
-            yield content
+            yield content, None
             last = content.status
             async for event in events:
                 async with _slot(ctx):
                     _refresh(ctx)
                     try:
-                        content, _ = await content_resolvers.readable_content(ctx, content_id)
+                        content, membership = await content_resolvers.readable_content(ctx, content_id)
                     except NotFound:
                         if await content_resolvers.load_content(ctx, content_id) is None:
                             return  # deleted: the stream ends
@@ -69,7 +77,8 @@ async def content_status(ctx: Context, content_id: str) -> AsyncIterator[Content
                     status = str(event.get("status") or content.status)
                     if status != last:
                         last = status
-                        yield replace(content, status=status)
+                        share = ("content", content.id, status, membership.role, viewer == content.author_id)
+                        yield replace(content, status=status), share
 
 
 @dataclass(frozen=True)
@@ -114,9 +123,16 @@ def _event_reads(ctx: Context) -> EventReads:
     return ctx.services.event_reads
 
 
-async def _unlocked_capsule(
-    ctx: Context, event: dict[str, object], viewer: str
-) -> tuple[Capsule, Notification | None] | None:
+@dataclass(frozen=True)
+class Opened:
+    """A capsule's opening as one subscriber receives it."""
+
+    capsule: Capsule
+    note: Notification | None  # the viewer's notification of it: its public id is the event's
+    share: Share
+
+
+async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str) -> Opened | None:
     """The capsule an event names if this viewer may read it, with the viewer's
     notification of its opening (whose public id is the event's id)."""
     capsule_id, unlocked_at = str(event["capsuleId"]), str(event["unlockedAt"])
@@ -155,7 +171,17 @@ async def _unlocked_capsule(
     if not await access.may_read(ctx, capsule):
         return None
     note = shared.notes.get(viewer)
-    return capsule, Notification.from_item(note) if note is not None else None
+    member = shared.members.get(viewer)
+    share = (
+        "capsule",
+        capsule.id,
+        unlocked_at,
+        member.get("role") if member else None,
+        viewer == capsule.creator_id,
+        viewer in capsule.recipient_ids,
+        viewer == (shared.content or {}).get("authorId"),
+    )
+    return Opened(capsule, Notification.from_item(note) if note is not None else None, share)
 
 
 # Resuming ---------------------------------------------------------------------
@@ -233,10 +259,10 @@ def _capsule_event(note: Notification) -> dict[str, object]:
 
 async def capsules_unlocked(
     ctx: Context, after: str | None = None
-) -> AsyncIterator[tuple[Capsule, str, str]]:
-    """(capsule, unlocked at, event id) for every capsule the viewer may read
-    as it opens; with `after`, first those that opened since that event. The
-    event id is the public id of the viewer's notification of the opening."""
+) -> AsyncIterator[tuple[Capsule, str, str, Share | None]]:
+    """(capsule, unlocked at, event id, share) for every capsule the viewer may
+    read as it opens; with `after`, first those that opened since that event.
+    The event id is the public id of the viewer's notification of the opening."""
     with ctx.services.metrics.subscription("capsuleUnlocked"):
         viewer = await ctx.viewer_id()
         seen = Seen()
@@ -248,7 +274,8 @@ async def capsules_unlocked(
                     async with _slot(ctx):
                         opened = await _capsule_for(ctx, _capsule_event(note), viewer)
                         if opened is not None and seen.first_time(note.id):
-                            yield opened[0], note.created_at, notifications.public_id(note)
+                            # A replay is this subscriber's alone: nothing to share.
+                            yield opened.capsule, note.created_at, notifications.public_id(note), None
             async for event in events:
                 if event.get("kind") != "capsule":
                     continue
@@ -258,14 +285,12 @@ async def capsules_unlocked(
                 async with _slot(ctx):
                     opened = await _capsule_for(ctx, event, viewer)
                     if opened is not None and seen.first_time(raw_id):
-                        capsule, told = opened
+                        told = opened.note
                         event_id = notifications.public_id(told) if told is not None else raw_id
-                        yield capsule, str(event["unlockedAt"]), event_id
+                        yield opened.capsule, str(event["unlockedAt"]), event_id, opened.share
 
 
-async def _capsule_for(
-    ctx: Context, event: dict[str, object], viewer: str
-) -> tuple[Capsule, Notification | None] | None:
+async def _capsule_for(ctx: Context, event: dict[str, object], viewer: str) -> Opened | None:
     """The capsule an event names, if this viewer may read it (the caller holds a slot)."""
     _refresh(ctx)
     try:

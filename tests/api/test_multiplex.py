@@ -1,0 +1,162 @@
+"""Multiplexed events, in process on both engines: subscribers alike share one
+execution of an event, each still gets what its own execution would answer,
+and a document that selects a field not known to be shareable runs per
+subscriber."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from resolvers.core.context import Context
+from schema import schema
+from schema.multiplex import SHAREABLE, SHARED
+from tests.api.conftest import Api
+from tests.factories import family_with_members, settle, upload
+
+# Every shareable field under a capsule's opening, the per-viewer id included.
+CAPSULE_FIELDS = """id title unlockDate status notificationSent
+  content { id type status title mediaUrl thumbnailUrl transcription failureReason createdAt capturedAt
+            reactions { emoji count } commentCount }"""
+SHARED_DOC = f"subscription {{ capsuleUnlocked {{ id unlockedAt capsule {{ {CAPSULE_FIELDS} }} }} }}"
+OWN_DOC = "subscription { capsuleUnlocked { id capsule { id content { id viewerReactions } } } }"
+QUERY = f"query($id: ID!) {{ capsule(id: $id) {{ {CAPSULE_FIELDS} }} }}"
+URLS = ("mediaUrl", "thumbnailUrl")
+
+
+@contextlib.asynccontextmanager
+async def stream(api: Api, query: str, user: str) -> AsyncIterator[Any]:
+    context = Context(services=api.services)
+    await context.authenticate(f"Bearer {api.token(user)}")
+    result = await schema.subscribe(query, context_value=context)
+    assert hasattr(result, "__anext__"), result
+    try:
+        yield result
+    finally:
+        await result.aclose()
+
+
+async def listening(api: Api, users: list[str]) -> None:
+    """Returns once every user's capsule stream listens (polled, never slept on)."""
+    channels = [f"user:{user}:capsules" for user in users]
+    for _ in range(10_000):
+        if all(api.services.broker._fanout.queues.get(channel) for channel in channels):
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the streams never listened")
+
+
+async def opened_capsule(api: Api, family_id: str, recipients: list[str]) -> str:
+    due = api.clock.moment + timedelta(minutes=5)
+    made = await api.ok(
+        "mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) { id } }",
+        {
+            "i": {
+                "familyId": family_id,
+                "title": "Para todos",
+                "unlockDate": due.isoformat(),
+                "recipientIds": recipients,
+            }
+        },
+        as_="ana",
+    )
+    capsule_id = str(made["createCapsule"]["id"])
+    await api.ok(
+        "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { id } }", {"id": capsule_id}, as_="ana"
+    )
+    await upload(api, "ana", family_id, "TEXT", b"dentro", "text/plain", capsule_id=capsule_id)
+    await settle(api)
+    return capsule_id
+
+
+async def events_for(
+    api: Api, document: str, users: list[str], family_id: str, recipients: list[str]
+) -> dict[str, Any]:
+    """Each user's first capsuleUnlocked result once a capsule opens."""
+    capsule_id = await opened_capsule(api, family_id, recipients)
+    async with contextlib.AsyncExitStack() as stack:
+        streams = {user: await stack.enter_async_context(stream(api, document, user)) for user in users}
+        pending = {user: asyncio.ensure_future(events.__anext__()) for user, events in streams.items()}
+        await listening(api, users)
+        api.clock.advance(minutes=6)
+        assert (await api.services.scheduler.run_once()).unlocked == 1
+        results = {user: await asyncio.wait_for(task, 30) for user, task in pending.items()}
+    for result in results.values():
+        assert not result.errors, result.errors
+    return {
+        "capsule": capsule_id,
+        **{user: result.data["capsuleUnlocked"] for user, result in results.items()},
+    }
+
+
+def without_urls(tree: Any) -> Any:
+    """A signed URL is signed for each request: compare that there is one."""
+    if isinstance(tree, dict):
+        return {k: (v is not None) if k in URLS else without_urls(v) for k, v in tree.items()}
+    return tree
+
+
+async def test_alike_subscribers_share_one_execution_and_each_gets_its_own_answer(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", ["ben", "cy", "dee"])
+    before = SHARED.executions
+    got = await events_for(api, SHARED_DOC, ["ana", "ben", "cy", "dee"], family_id, ["ben", "cy", "dee"])
+    # ben, cy and dee (MEMBERs, recipients) are alike; ana created it: two executions.
+    assert SHARED.executions - before == 2
+    notes = {}
+    for user in ("ana", "ben", "cy", "dee"):
+        listed = await api.ok("{ notifications { edges { node { id type } } } }", as_=user)
+        notes[user] = next(
+            e["node"]["id"]
+            for e in listed["notifications"]["edges"]
+            if e["node"]["type"] == "CAPSULE_UNLOCKED"
+        )
+        # The event is what this viewer's own reading of the capsule answers...
+        own = await api.ok(QUERY, {"id": got["capsule"]}, as_=user)
+        assert without_urls(got[user]["capsule"]) == without_urls(own["capsule"])
+        # ...and its id is this viewer's own.
+        assert got[user]["id"] == notes[user]
+    assert len(set(notes.values())) == 4
+
+
+async def test_a_field_not_known_to_be_shareable_runs_per_subscriber(api: Api) -> None:
+    assert "Content.viewerReactions" not in SHAREABLE
+    family_id = await family_with_members(api, "ana", ["ben", "cy"])
+    before = SHARED.executions
+    got = await events_for(api, OWN_DOC, ["ben", "cy"], family_id, ["ben", "cy"])
+    assert SHARED.executions == before
+    for user in ("ben", "cy"):
+        assert got[user]["capsule"]["content"]["viewerReactions"] == []
+
+
+def test_only_listed_fields_are_shared_generated_from_the_schema() -> None:
+    """Every field of the payloads' types, one document each: shared exactly
+    when listed, so a field added tomorrow runs per subscriber until someone
+    lists it; and every listed field exists."""
+    from graphql import GraphQLObjectType, get_named_type, parse
+
+    from schema.multiplex import plan_for
+
+    core = schema._schema
+    wraps = {
+        "CapsuleUnlockedEvent": "capsuleUnlocked { %s }",
+        "Capsule": "capsuleUnlocked { capsule { %s } }",
+        "Content": "capsuleUnlocked { capsule { content { %s } } }",
+    }
+    checked = 0
+    for type_name, wrap in wraps.items():
+        owner = core.type_map[type_name]
+        assert isinstance(owner, GraphQLObjectType)
+        for name, field in owner.fields.items():
+            inner = get_named_type(field.type)
+            selection = f"{name} {{ __typename }}" if isinstance(inner, GraphQLObjectType) else name
+            operation = parse("subscription { " + wrap % selection + " }").definitions[0]
+            shared = plan_for(core, operation) is not None  # type: ignore[arg-type]
+            assert shared == (f"{type_name}.{name}" in SHAREABLE), f"{type_name}.{name}"
+            checked += 1
+    assert checked > 25
+    for entry in SHAREABLE:
+        type_name, name = entry.split(".")
+        assert name in core.type_map[type_name].fields, entry  # type: ignore[union-attr]
