@@ -1,6 +1,7 @@
 """Section 3: subscription fan-out. N graphql-transport-ws clients (raw
 `websockets`, in a few processes on core 1) subscribed to capsuleUnlocked on
 one server process (core 0); capsules with all of them as recipients unlock.
+Then the same over Server-Sent Events (N httpx streams).
 The same broadcast from a bare Starlette WebSocket endpoint is the baseline.
 Also the server's memory per idle subscription, deflate off and on."""
 
@@ -161,9 +162,9 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
     env = server_env(data_dir, MIFAMILIAS_UNLOCK_POLL_SECONDS="0.2")
     unlock_log = data_dir / "unlocks.log"
     memory: dict[tuple[str, bool], float] = {}
-    latency: dict[str, list[float]] = {"graphql": [], "bare": []}
+    latency: dict[str, list[float]] = {"graphql": [], "bare": [], "sse": []}
     spans: list[float] = []
-    missing: dict[str, int] = {"graphql": 0, "bare": 0}
+    missing: dict[str, int] = {"graphql": 0, "bare": 0, "sse": 0}
 
     # Ours, deflate off: memory, then the unlocks.
     server = bench_server("fanout-graphql", ["--unlock-log", str(unlock_log)], env, log_dir)
@@ -194,6 +195,36 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
         spans.append(max(commits[c] for c in capsules) - first)
         if got:
             latency["graphql"].append(max(got) - first)
+
+    # Ours over Server-Sent Events (graphql-sse), the same unlocks, beside the WebSocket.
+    sse_log = data_dir / "unlocks-sse.log"
+    server = bench_server("fanout-sse", ["--unlock-log", str(sse_log)], env, log_dir)
+    with server:
+        clients = Clients(f"{server.url}/graphql", tokens, sizes.fanout_processes)
+        clients.wait_ready()
+        time.sleep(1.0)
+        sse_rounds: list[list[str]] = []
+        try:
+            for r in range(sizes.fanout_rounds):
+                capsules = asyncio.run(seed_round(data_dir, people, 100 + r))
+                sse_rounds.append(capsules)
+                deadline = time.monotonic() + 120
+                while not set(capsules) <= set(read_log(sse_log)):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"the capsules did not unlock:\n{server.log_path.read_text()[-3000:]}"
+                        )
+                    time.sleep(0.05)
+                time.sleep(settle_seconds(n))
+        finally:
+            received = clients.stop()
+    sse_commits = read_log(sse_log)
+    for capsules in sse_rounds:
+        mine = set(capsules)
+        got = [stamp for stamp, capsule in received if capsule in mine]
+        missing["sse"] += n - len(got)
+        if got:
+            latency["sse"].append(max(got) - min(sse_commits[c] for c in capsules))
 
     # The bare endpoint, deflate off: memory, then the broadcasts.
     bare = bench_server("fanout-bare", ["--plain"], env, log_dir)
@@ -282,6 +313,13 @@ def rows_of(
                 verdict(ratio <= 3),
             )
         )
+    if latency["sse"]:
+        sse = Stats.of(latency["sse"])
+        m, s = sse.fmt(" ms", 0, 1000)
+        rows.append(
+            Row(SECTION, f"over SSE (graphql-sse): unlock → last delivery; missed {missing['sse']}", m, s)
+        )
+        rows.append(Row(SECTION, "  worst round", f"{sse.high * 1000:,.0f} ms", ""))
     for deflate, target in ((False, 45), (True, 90)):
         label = "on" if deflate else "off"
         ours_kb = memory["graphql", deflate]

@@ -1,5 +1,7 @@
 """A client process for the fan-out section: holds many graphql-transport-ws
-subscriptions with raw `websockets`, stamps every event it receives.
+subscriptions with raw `websockets` (a ws:// URL), or Server-Sent Events
+streams (graphql-sse, distinct connections) with httpx (an http:// URL), and
+stamps every event it receives.
 
     python -m bench.ws_clients URL [QUERY] < tokens (comma-separated, one line)
 
@@ -17,6 +19,7 @@ import sys
 import time
 from typing import Any
 
+import httpx
 import websockets
 from websockets.typing import Subprotocol
 
@@ -71,6 +74,37 @@ async def client(
                 raise RuntimeError(f"subscription ended: {message}")
 
 
+async def sse_client(
+    http: httpx.AsyncClient,
+    url: str,
+    token: str,
+    received: list[tuple[float, str]],
+    ready: asyncio.Event,
+    limit: asyncio.Semaphore,
+    query: str = SUBSCRIPTION,
+) -> None:
+    headers = {"Authorization": f"Bearer {token}", "Accept": "text/event-stream"}
+    async with limit:  # a few requests at a time
+        stream = http.stream("POST", url, json={"query": query}, headers=headers)
+        response = await stream.__aenter__()
+    try:
+        if response.status_code != 200:
+            raise RuntimeError(f"refused: {response.status_code} {await response.aread()!r}")
+        ready.set()
+        event = ""
+        async for line in response.aiter_lines():
+            if line.startswith("event:"):
+                event = line.split(":", 1)[1].strip()
+            elif line.startswith("data:") and event == "next":
+                stamp = time.time()
+                payload = json.loads(line.split(":", 1)[1])
+                received.append((stamp, label(payload["data"])))
+            elif line.startswith("data:") and event == "complete":
+                raise RuntimeError("subscription ended")
+    finally:
+        await stream.__aexit__(None, None, None)
+
+
 async def main() -> None:
     url = sys.argv[1]
     query = sys.argv[2] if len(sys.argv) > 2 else SUBSCRIPTION
@@ -78,10 +112,17 @@ async def main() -> None:
     received: list[tuple[float, str]] = []
     limit = asyncio.Semaphore(20)
     events = [asyncio.Event() for _ in tokens]
-    tasks = [
-        asyncio.create_task(client(url, t, received, e, limit, query))
-        for t, e in zip(tokens, events, strict=True)
-    ]
+    http = httpx.AsyncClient(timeout=httpx.Timeout(None), limits=httpx.Limits(max_connections=None))
+    if url.startswith("http"):
+        tasks = [
+            asyncio.create_task(sse_client(http, url, t, received, e, limit, query))
+            for t, e in zip(tokens, events, strict=True)
+        ]
+    else:
+        tasks = [
+            asyncio.create_task(client(url, t, received, e, limit, query))
+            for t, e in zip(tokens, events, strict=True)
+        ]
     everyone: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(e.wait() for e in events)))
     waiting: list[asyncio.Future[Any]] = [everyone, *tasks]
     await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
