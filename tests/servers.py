@@ -3,6 +3,7 @@ loopback port, stopped (or killed) by the test."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -13,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -219,3 +220,32 @@ async def engine_env(engine: str, request: pytest.FixtureRequest) -> AsyncIterat
             }
         finally:
             await table.client.delete_table(TableName=name)
+
+
+async def until(
+    check: Callable[[], Awaitable[bool] | bool], what: str = "a condition", seconds: float = 120
+) -> None:
+    """Polls a condition until it holds; the deadline only bounds a failure."""
+    deadline = time.monotonic() + seconds
+    while True:
+        outcome = check()
+        if outcome if isinstance(outcome, bool) else await outcome:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def subscriptions_running(servers: Sequence[ServerProcess], name: str, count: int) -> bool:
+    """Whether at least `count` `name` subscriptions run on these servers (their /metrics)."""
+    import httpx
+
+    prefix = f'mifamilias_subscriptions_active{{subscription="{name}"}}'
+    total = 0.0
+    async with httpx.AsyncClient() as client:
+        for server in servers:
+            text = (await client.get(f"{server.url}/metrics")).text
+            total += sum(
+                float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
+            )
+    return total >= count

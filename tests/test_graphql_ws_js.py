@@ -17,7 +17,7 @@ from resolvers.core.auth import mint_token
 from store.dynamodb import DynamoTable
 from tests.factories import capsule_rows, family_rows
 from tests.js_clients import GraphqlWs
-from tests.servers import SECRET, ServerProcess
+from tests.servers import SECRET, ServerProcess, subscriptions_running, until
 from tests.test_live import capsule_for, http, make_family, upload
 from tests.test_unlocks import (  # noqa: F401  (fixtures)
     SHARDS,
@@ -26,8 +26,6 @@ from tests.test_unlocks import (  # noqa: F401  (fixtures)
     server_env,
     servers,
     shared_table,
-    subscribed,
-    until,
 )
 
 NOTES = "subscription($after: ID) { notificationAdded(after: $after) { id type } }"
@@ -68,7 +66,7 @@ async def test_resume_after_a_disconnect_with_graphql_ws(server: ServerProcess) 
     await until(lambda: count_is(1))
     # Connected: ben hears one notification, then the client goes away.
     first = await GraphqlWs(server.ws_url, token("ben"), NOTES, {"after": None}, 1).start()
-    await until(lambda: subscribed_to(server, "notificationAdded", 1))
+    await until(lambda: subscriptions_running([server], "notificationAdded", 1))
     await upload(server, "ana", family_id, "TEXT", b"uno", "text/plain", title="uno")
     heard = [r["data"]["notificationAdded"] for r in await first.results()]
     last_seen = heard[0]["id"]
@@ -86,7 +84,7 @@ async def test_resume_after_a_disconnect_with_graphql_ws(server: ServerProcess) 
     # Back online with `after`: the three missed, oldest first, then live.
     again = await GraphqlWs(server.ws_url, token("ben"), NOTES, {"after": last_seen}, 4).start()
     capsules = await GraphqlWs(server.ws_url, token("ben"), CAPSULES, {"after": last_seen}, 1).start()
-    await until(lambda: subscribed_to(server, "notificationAdded", 1))
+    await until(lambda: subscriptions_running([server], "notificationAdded", 1))
     await upload(server, "ana", family_id, "TEXT", b"cuatro", "text/plain", title="cuatro")
     resumed = [r["data"]["notificationAdded"]["id"] for r in await again.results()]
     live = (await notification_ids(server, "ben"))[-1]["id"]
@@ -94,17 +92,6 @@ async def test_resume_after_a_disconnect_with_graphql_ws(server: ServerProcess) 
     (opened,) = [r["data"]["capsuleUnlocked"] for r in await capsules.results()]
     unlocked_note = next(n for n in listed if n["type"] == "CAPSULE_UNLOCKED")
     assert opened == {"id": unlocked_note["id"], "capsule": {"id": capsule_id}}
-
-
-async def subscribed_to(server: ServerProcess, name: str, count: int) -> bool:
-    import httpx
-
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"{server.url}/metrics")).text
-    prefix = f'mifamilias_subscriptions_active{{subscription="{name}"}}'
-    return (
-        sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)) >= count
-    )
 
 
 async def test_exactly_once_across_two_processes_with_graphql_ws(
@@ -125,7 +112,7 @@ async def test_exactly_once_across_two_processes_with_graphql_ws(
         for n, person in enumerate(recipients)
     ]
     try:
-        await until(lambda: subscribed(servers, len(recipients)))
+        await until(lambda: subscriptions_running(servers, "capsuleUnlocked", len(recipients)))
         capsule_id, rows = capsule_rows(
             family_id, creator, recipients, datetime.now(UTC) + timedelta(seconds=1), SHARDS, tag="once"
         )

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from email import policy
 from email.message import EmailMessage
@@ -28,7 +27,7 @@ from resolvers.processes.mailer import Mailer, MailPass
 from store import keys
 from tests.api.conftest import Api, running_api
 from tests.factories import family_with_members, settle, upload
-from tests.servers import SECRET, ServerProcess, engine_env, free_port
+from tests.servers import SECRET, ServerProcess, engine_env, free_port, until
 
 SEALED_TITLE = "SELLADO-título-9f3"
 SEALED_BODY = b"SELLADO-cuerpo-7c1"
@@ -338,18 +337,6 @@ async def test_the_unsubscribe_link_turns_that_email_off_without_signing_in(
 
 
 # Two real server processes sharing one store ----------------------------------------------
-
-
-async def until(check: Callable[[], Awaitable[bool] | bool], what: str, seconds: float = 90) -> None:
-    """Polls a condition; the deadline only bounds a failure."""
-    deadline = time.monotonic() + seconds
-    while True:
-        outcome = check()
-        if await outcome if not isinstance(outcome, bool) else outcome:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 @pytest.fixture(params=["sqlite", "dynamodb"])

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 import websockets
 
 from resolvers.core.auth import mint_token
-from tests.servers import SECRET, ServerProcess, engine_env
+from tests.servers import SECRET, ServerProcess, engine_env, until
 
 GRAPHQL_TRANSPORT_WS = "graphql-transport-ws"
 LEGACY_WS = "graphql-ws"
@@ -66,15 +65,6 @@ async def code(
     assert body.get("errors"), body
     found: str = body["errors"][0]["extensions"]["code"]
     return found
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str, seconds: float = 60) -> None:
-    """Polls a condition with a deadline; the deadline only bounds a failure."""
-    deadline = time.monotonic() + seconds
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 async def family(server: ServerProcess, admin: str, members: list[str]) -> str:

@@ -8,8 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import websockets
 
 from resolvers.core.auth import mint_token
 from tests import media_factory
-from tests.servers import SECRET, RedisProcess, ServerProcess, engine_env
+from tests.servers import SECRET, RedisProcess, ServerProcess, engine_env, until
 
 ANA = mint_token(SECRET, "ana", given_name="Ana")
 
@@ -27,14 +26,6 @@ ANA = mint_token(SECRET, "ana", given_name="Ana")
 def no_traceback(server: ServerProcess) -> None:
     log = server.log()
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str, seconds: float = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
 
 
 # Clean refusals ---------------------------------------------------------------------

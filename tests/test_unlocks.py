@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from gql import Client, GraphQLRequest
 from gql.transport.websockets import WebsocketsTransport
@@ -20,7 +19,7 @@ from gql.transport.websockets import WebsocketsTransport
 from resolvers.core.auth import mint_token
 from store.dynamodb import DynamoTable, create_table, deserialize_item, open_dynamo_table
 from tests.factories import capsule_rows, family_rows
-from tests.servers import SECRET, ServerProcess, running_moto_server
+from tests.servers import SECRET, ServerProcess, running_moto_server, subscriptions_running, until
 
 # moto answers a GSI query by reading every item, so fewer shards and a slower
 # poll keep two polling servers from saturating it; production uses 8 and 5 s.
@@ -215,26 +214,6 @@ async def listen_for(server: ServerProcess, person: str, received: dict[str, lis
             received[person].append(event["capsuleUnlocked"]["capsule"]["id"])
 
 
-async def subscribed(servers: list[ServerProcess], count: int) -> bool:
-    """Whether `count` capsuleUnlocked subscriptions run on these servers (their /metrics)."""
-    total = 0.0
-    async with httpx.AsyncClient() as client:
-        for server in servers:
-            text = (await client.get(f"{server.url}/metrics")).text
-            for line in text.splitlines():
-                if line.startswith('mifamilias_subscriptions_active{subscription="capsuleUnlocked"}'):
-                    total += float(line.rsplit(" ", 1)[1])
-    return total >= count
-
-
-async def until(check: Any, seconds: float = 120) -> None:
-    """Polls `check` until it holds; the deadline bounds a failure only."""
-    deadline = time.monotonic() + seconds
-    while not await check():
-        assert time.monotonic() < deadline, "timed out waiting"
-        await asyncio.sleep(0.1)
-
-
 async def test_a_capsule_for_300_opens_once_under_two_processes(
     moto_server: str, redis_url: str, shared_table: DynamoTable, servers: list[ServerProcess], tmp_path: Path
 ) -> None:
@@ -251,7 +230,7 @@ async def test_a_capsule_for_300_opens_once_under_two_processes(
         for n, person in enumerate(recipients)
     ]
     try:
-        await until(lambda: subscribed(servers, len(recipients)))
+        await until(lambda: subscriptions_running(servers, "capsuleUnlocked", len(recipients)))
         capsule_id, rows = capsule_rows(
             family_id, creator, recipients, datetime.now(UTC) + timedelta(seconds=1), SHARDS, tag="big"
         )
@@ -348,7 +327,7 @@ async def test_a_process_killed_between_commit_and_publish_is_delivered_by_recov
         )
         servers.append(committer.start())
         proxy.flowing.clear()
-        await until(lambda: subscribed([host], len(recipients)))
+        await until(lambda: subscriptions_running([host], "capsuleUnlocked", len(recipients)))
         capsule_id, rows = capsule_rows(
             family_id, creator, recipients, datetime.now(UTC) + timedelta(seconds=1), SHARDS, tag="kill"
         )
