@@ -166,6 +166,13 @@ async def test_get_runs_a_hash_and_still_refuses_mutations(api: Api) -> None:
     assert await dump(api.table) == before
 
 
+def document_puts(api: Api) -> int:
+    """Writes of persisted documents since the last reset (background jobs, such
+    as the scheduler moving its checkpoint, write other items meanwhile)."""
+    trace = api.table.trace  # type: ignore[attr-defined]
+    return sum(1 for _, call, what in trace if call == "put" and "PERSISTED#" in what)
+
+
 async def test_a_document_in_use_is_rewritten_weekly_and_an_unused_one_expires(api: Api) -> None:
     await api.sign_in("ana")
     await send(api, query=ME, hash_=sha(ME))
@@ -173,10 +180,10 @@ async def test_a_document_in_use_is_rewritten_weekly_and_an_unused_one_expires(a
     api.clock.advance(days=6)
     api.table.reset()  # type: ignore[attr-defined]
     await send(api, hash_=sha(ME))
-    assert api.table.calls["put"] == 0  # type: ignore[attr-defined]
+    assert document_puts(api) == 0
     api.clock.advance(days=2)
     await send(api, hash_=sha(ME))
-    assert api.table.calls["put"] == 1  # type: ignore[attr-defined]
+    assert document_puts(api) == 1
     assert (await stored(api))[sha(ME)]["expiresAt"] > first
 
     api.clock.advance(days=31)
