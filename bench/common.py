@@ -17,13 +17,19 @@ import httpx
 
 from resolvers.core.auth import mint_token
 from resolvers.core.config import Settings
+from tests.typical_calls import (  # the seeding documents and helpers the tests use too
+    COMMENT,
+    JOIN,
+    REACT,
+    SET_TAGS,
+    make_family,
+    settle,
+    upload_text,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-" + "x" * 32
 
-FEED_QUERY = """query Feed($id: ID!) { family(id: $id) { feed(first: 20) { edges { node {
-  id author { givenName } reactions { emoji count } viewerReactions commentCount tags { value }
-  comments(first: 3) { edges { node { body author { givenName } } } } } } } } }"""
 ME_QUERY = "{ me { id } }"
 VIEWER = "ben"
 
@@ -204,62 +210,6 @@ async def in_process_app(
 
 
 # Seeding through the API ------------------------------------------------------------
-
-CREATE_FAMILY = """mutation($input: CreateFamilyInput!) {
-  createFamily(input: $input) { id inviteCode } }"""
-JOIN = "mutation($code: String!) { joinFamily(inviteCode: $code) { role } }"
-CREATE_UPLOAD = """mutation($input: CreateUploadInput!) {
-  createUpload(input: $input) { uploadUrl content { id } } }"""
-COMPLETE = "mutation($id: ID!) { completeUpload(contentId: $id) { id status } }"
-REACT = "mutation($id: ID!, $e: String!) { addReaction(contentId: $id, emoji: $e) { id } }"
-COMMENT = "mutation($id: ID!, $b: String!) { addComment(contentId: $id, body: $b) { id } }"
-SET_TAGS = """mutation($id: ID!, $v: [String!]!, $s: String, $p: Boolean) {
-  setTags(contentId: $id, values: $v, setName: $s, private: $p) { value } }"""
-
-
-async def make_family(
-    api: InProcessApi, admin: str, name: str, trust: str = "OPEN", threshold: int = 2
-) -> dict[str, str]:
-    variables = {"input": {"name": name, "trustLevel": trust, "vouchThreshold": threshold}}
-    family: dict[str, str] = (await api.ok(CREATE_FAMILY, variables, as_=admin))["createFamily"]
-    return family
-
-
-async def upload_text(
-    api: InProcessApi,
-    user: str,
-    family_id: str,
-    body: bytes,
-    title: str | None = None,
-    *,
-    kind: str = "TEXT",
-    mime: str = "text/plain",
-    capsule_id: str | None = None,
-) -> str:
-    variables = {
-        "input": {
-            "familyId": family_id,
-            "type": kind,
-            "mimeType": mime,
-            "sizeBytes": len(body),
-            "title": title,
-            "capsuleId": capsule_id,
-        }
-    }
-    started = (await api.ok(CREATE_UPLOAD, variables, as_=user))["createUpload"]
-    url = str(started["uploadUrl"])
-    path = url[url.index("/", len("http://")) :]
-    response = await api.client.put(path, content=body, headers={"Content-Type": mime})
-    if response.status_code != 200:
-        raise RuntimeError(f"upload PUT answered {response.status_code}")
-    content_id = str(started["content"]["id"])
-    await api.ok(COMPLETE, {"id": content_id}, as_=user)
-    return content_id
-
-
-async def settle(api: InProcessApi) -> None:
-    await api.services.pipeline.queue.join()  # every queued content processed
-
 
 FEED_AUTHORS = ["ana", "ben", "cy", "dee", "eve"]
 EMOJI = ["❤️", "😂", "👍", "🎉"]

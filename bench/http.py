@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    FEED_QUERY,
     ME_QUERY,
     VIEWER,
     Row,
@@ -25,6 +24,7 @@ from bench.common import (
     verdict,
 )
 from bench.processes import LOAD_CPU, bench_server, graphql_server, pinned
+from tests.typical_calls import FEED_QUERY
 
 SECTION = "2. HTTP (uvicorn, 1 core; wrk on the other)"
 TARGETS = {"me": 0.5, "feed": 0.2}

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import (
-    FEED_QUERY,
     ME_QUERY,
     ROOT,
     VIEWER,
@@ -49,6 +48,7 @@ from bench.common import (
 )
 from bench.http import lua_script, parse_wrk, post, wrk, wrk_output
 from bench.processes import LOAD_CPU, Server, graphql_server, pinned
+from tests.typical_calls import FEED_QUERY
 
 SECTION = "7. Observability cost (uvicorn, 1 core; wrk on the other)"
 # (metrics, tracing)

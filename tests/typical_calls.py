@@ -61,6 +61,7 @@ async def upload_text(
     family_id: str,
     body: bytes,
     *,
+    title: str | None = None,
     kind: str = "TEXT",
     mime: str = "text/plain",
     capsule_id: str | None = None,
@@ -71,6 +72,7 @@ async def upload_text(
             "type": kind,
             "mimeType": mime,
             "sizeBytes": len(body),
+            "title": title,
             "capsuleId": capsule_id,
         }
     }

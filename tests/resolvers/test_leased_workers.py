@@ -1,16 +1,17 @@
-"""A leased worker stops when told to, even when the stop lands while it waits
-for its lease heartbeat to wind down.
+"""A leased worker stops when told to, wherever the stop lands.
 
-The window is one in which a worker's build has ended and its `finally` waits
-for the heartbeat task. A cancel of the worker arriving then used to be
-swallowed (`suppress(CancelledError)` around that wait): the worker went back to
-its queue and `stop()` waited for ever. It hung a CI run. The heartbeat here is
-made slow to wind down, so that the stop lands in that window every time.
+Two windows hung `stop()` (and a CI run): a worker's build has ended and its
+`finally` waits for the heartbeat task, and a cancel of the worker arriving
+then was swallowed (`suppress(CancelledError)` around that wait); or the
+build's own cleanup raises on the cancel (a zip closed while a thread still
+writes to it), replacing the CancelledError. Either way the worker went back
+to its queue. Each test makes the stop land in one window every time.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,17 +31,46 @@ def now() -> datetime:
     return datetime(2026, 11, 30, tzinfo=UTC)
 
 
-async def test_stop_lands_while_the_heartbeat_winds_down(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+async def builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ExportBuilder]:
+    """An export builder whose claim always wins one pending export and whose
+    release writes nothing; the tests give it the build they need."""
+
+    async def claim(*_: Any) -> dict[str, Any]:
+        record = DataExport(
+            user_id="ana",
+            id="e1",
+            status=ExportStatus.PENDING,
+            requested_at="2026-11-30T00:00:00Z",
+            expires_at=0,
+        )
+        return record.to_item()
+
+    monkeypatch.setattr(exports, "claim", claim)
+    monkeypatch.setattr(exports, "release", lambda *_: asyncio.sleep(0))
     table = SqliteTable(tmp_path / "table.sqlite3")
-    settings = Settings(data_dir=tmp_path / "data", auth_secret="s" * 32)
-    builder = ExportBuilder(
-        table=table,
-        blobs=LocalBlobStore(tmp_path / "blobs", "http://testserver", b"k" * 32),
-        settings=settings,
-        clock=now,
-    )
+    try:
+        yield ExportBuilder(
+            table=table,
+            blobs=LocalBlobStore(tmp_path / "blobs", "http://testserver", b"k" * 32),
+            settings=Settings(data_dir=tmp_path / "data", auth_secret="s" * 32),
+            clock=now,
+        )
+    finally:
+        await table.close()
+
+
+async def stopped(builder: ExportBuilder) -> bool:
+    """Whether `stop()` returns. A hang guard, not a speed claim: before the fixes
+    it never did. (`wait`, not `wait_for`: the latter's own cancel would end the worker.)"""
+    stopping = asyncio.create_task(builder.stop())
+    await asyncio.wait({stopping}, timeout=30)
+    return stopping.done()
+
+
+async def test_stop_lands_while_the_heartbeat_winds_down(
+    builder: ExportBuilder, monkeypatch: pytest.MonkeyPatch
+) -> None:
     beating = asyncio.Event()
     winding_down = asyncio.Event()
     never = asyncio.Event()
@@ -54,58 +84,24 @@ async def test_stop_lands_while_the_heartbeat_winds_down(
             await never.wait()  # a second cancel (the worker's own) ends this
             raise
 
-    async def claim(*_: Any) -> dict[str, Any]:
-        record = DataExport(
-            user_id="ana",
-            id="e1",
-            status=ExportStatus.PENDING,
-            requested_at="2026-11-30T00:00:00Z",
-            expires_at=0,
-        )
-        return record.to_item()
-
     async def build(*_: Any) -> bool:
         await beating.wait()
         return True
 
     monkeypatch.setattr(builder, "_renew", heartbeat)
-    monkeypatch.setattr(exports, "claim", claim)
     monkeypatch.setattr(exports, "build", build)
-    monkeypatch.setattr(exports, "release", lambda *_: asyncio.sleep(0))
-    try:
-        await builder.start()
-        builder.submit("ana", "e1")
-        await winding_down.wait()
-        stopping = asyncio.create_task(builder.stop())
-        # A hang guard, not a speed claim: before the fix `stop` never returned.
-        # (`wait`, not `wait_for`: the latter's own cancel would end the worker.)
-        await asyncio.wait({stopping}, timeout=30)
-        assert stopping.done()
-    finally:
-        await table.close()
+    await builder.start()
+    builder.submit("ana", "e1")
+    await winding_down.wait()
+    assert await stopped(builder)
 
 
 async def test_stop_lands_while_a_cleanup_replaces_the_cancel(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    builder: ExportBuilder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A build whose cleanup raises on the cancel (a zip closed while a thread
-    still writes to it) stops its worker all the same, and fails nothing."""
-    table = SqliteTable(tmp_path / "table.sqlite3")
-    settings = Settings(data_dir=tmp_path / "data", auth_secret="s" * 32)
-    blobs = LocalBlobStore(tmp_path / "blobs", "http://testserver", b"k" * 32)
-    builder = ExportBuilder(table=table, blobs=blobs, settings=settings, clock=now)
+    """The worker stops all the same, and the export is not failed."""
     building = asyncio.Event()
     failed: list[str] = []
-
-    async def claim(*_: Any) -> dict[str, Any]:
-        record = DataExport(
-            user_id="ana",
-            id="e1",
-            status=ExportStatus.PENDING,
-            requested_at="2026-11-30T00:00:00Z",
-            expires_at=0,
-        )
-        return record.to_item()
 
     async def build(*_: Any) -> bool:
         building.set()
@@ -118,18 +114,10 @@ async def test_stop_lands_while_a_cleanup_replaces_the_cancel(
     async def fail(*args: Any) -> None:
         failed.append(str(args[-1]))
 
-    monkeypatch.setattr(exports, "claim", claim)
     monkeypatch.setattr(exports, "build", build)
     monkeypatch.setattr(exports, "fail", fail)
-    monkeypatch.setattr(exports, "release", lambda *_: asyncio.sleep(0))
-    try:
-        await builder.start()
-        builder.submit("ana", "e1")
-        await building.wait()
-        stopping = asyncio.create_task(builder.stop())
-        # A hang guard, not a speed claim: the worker used to go back to its queue.
-        await asyncio.wait({stopping}, timeout=30)
-        assert stopping.done()
-        assert failed == []
-    finally:
-        await table.close()
+    await builder.start()
+    builder.submit("ana", "e1")
+    await building.wait()
+    assert await stopped(builder)
+    assert failed == []
