@@ -25,12 +25,13 @@ from resolvers.core.context import Context
 from resolvers.core.errors import BadInput
 from schema.cost import QueryCost
 from schema.errors import CodedParserCache, ContractErrors
-from schema.guard import ReadGuard, SignedIn
+from schema.guard import SignedIn
 from schema.multiplex import MultiplexingExecutionContext
 from schema.mutation import Mutation
 from schema.observability import OperationLog, OperationMetrics, Tracing
 from schema.persisted import IntrospectionGate, RegisterPersisted
 from schema.query import Query
+from schema.resolving import call_directly
 from schema.subscription import Subscription
 
 MAX_DEPTH = 12
@@ -144,11 +145,12 @@ def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.S
     observe: list[Any] = [OperationMetrics if metrics else OperationLog]
     if tracing:
         observe.append(Tracing)
-    return MiFamiliasSchema(
+    built = MiFamiliasSchema(
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
-        # A subscription event's answer is executed once for the subscribers alike.
+        # The read rule on every object that wraps a record (schema.guard); a
+        # subscription event's answer executed once for the subscribers alike.
         execution_context_class=MultiplexingExecutionContext,
         extensions=[
             # First: they time the hooks of the others, and see the coded errors.
@@ -160,7 +162,6 @@ def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.S
             QueryCost,
             # After every check that can refuse the operation before it runs.
             RegisterPersisted,
-            ReadGuard,
             # Instances are accepted at run time; the annotation only names classes.
             QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]
             MaxAliasesLimiter(max_alias_count=MAX_ALIASES),  # type: ignore[list-item]
@@ -169,6 +170,8 @@ def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.S
             lambda: ValidationCache(maxsize=DOCUMENT_CACHE),
         ],
     )
+    call_directly(built)  # graphql-core calls the resolvers Strawberry would only pass through
+    return built
 
 
 schema = build_schema()

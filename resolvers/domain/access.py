@@ -7,10 +7,10 @@ of the read. Being a capsule's creator or recipient never bypasses it. A
 PENDING member sees the family itself and their own membership, nothing more.
 
 Every resolver that fetches records asks `may_read` (or `readable` for a list),
-and `schema.guard.ReadGuard` asks it again before any field of a record-backed
-object resolves, so a new field or a new path cannot forget the rule. Verdicts
-are cached per operation beside the loaders, and the memberships they need are
-point reads that join the loaders' batches.
+and `schema.guard.GuardedExecutionContext` asks it again where a record becomes
+a GraphQL object (once per object), so a new field or a new path cannot forget
+the rule. Verdicts are cached per operation beside the loaders, and the
+memberships they need are point reads that join the loaders' batches.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ async def membership(ctx: Context, family_id: str) -> Membership | None:
     if not keys.usable_id(family_id):
         return None
     item = await ctx.loaders.item.load(keys.member(family_id, viewer))
-    return Membership.from_item(item) if item else None
+    return ctx.loaders.decoded(Membership, item) if item else None
 
 
 async def reader(ctx: Context, family_id: str) -> Membership | None:
@@ -127,14 +127,14 @@ async def load_content(ctx: Context, content_id: str) -> Content | None:
     if not keys.usable_id(content_id):
         return None
     item = await ctx.loaders.item.load(keys.content(content_id))
-    return Content.from_item(item) if item else None
+    return ctx.loaders.decoded(Content, item) if item else None
 
 
 async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
     if not keys.usable_id(capsule_id):
         return None
     item = await ctx.loaders.item.load(keys.capsule(capsule_id))
-    return Capsule.from_item(item) if item else None
+    return ctx.loaders.decoded(Capsule, item) if item else None
 
 
 async def _decide(ctx: Context, record: Record) -> bool:
@@ -197,6 +197,17 @@ async def readable(ctx: Context, records: Sequence[R]) -> list[R]:
     """The records the viewer may read, in order; their reads share a batch."""
     verdicts = await asyncio.gather(*(may_read(ctx, record) for record in records))
     return [record for record, allowed in zip(records, verdicts, strict=True) if allowed]
+
+
+async def decide(ctx: Context, records: Sequence[Record]) -> None:
+    """Reaches the verdicts on a page of records at once, before they become
+    GraphQL objects: the read guard (schema.guard) then finds each one made,
+    instead of waiting on each record apart. Nothing is filtered here."""
+    undecided = [record for record in records if cached_verdict(ctx, record) is None]
+    if len(undecided) == 1:
+        await may_read(ctx, undecided[0])
+    elif undecided:
+        await asyncio.gather(*(may_read(ctx, record) for record in undecided))
 
 
 def refusal(record: Record) -> NotFound:

@@ -25,7 +25,7 @@ async def load_user(ctx: Context, user_id: str) -> User:
     item = await ctx.loaders.item.load(keys.user(user_id))
     if item is None:
         return User(id=user_id, created_at=DELETED_USER_CREATED_AT)
-    return User.from_item(item)
+    return ctx.loaders.decoded(User, item)
 
 
 def email_for_viewer(ctx: Context, user: User) -> str | None:
