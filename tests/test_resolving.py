@@ -39,7 +39,7 @@ class Thing:
     async def greeting(self, info: Info, to_whom: str, times: int = 2) -> str:
         return f"{info.context['greeting']} {to_whom}" * times
 
-    @strawberry.field(extensions=[Shout()])
+    @strawberry.field(extensions=[Shout()])  # type: ignore[untyped-decorator]
     def loud(self) -> str:
         return self.name_text
 
@@ -74,13 +74,13 @@ def test_fields_whose_wrapper_acts_keep_it() -> None:
     thing = direct._schema.type_map["Thing"]
     assert isinstance(thing, GraphQLObjectType)
     # An extension, an enum argument (Strawberry converts it): Strawberry's own.
-    assert thing.fields["loud"].resolve.__module__.startswith("strawberry")  # type: ignore[union-attr]
-    assert thing.fields["felt"].resolve.__module__.startswith("strawberry")  # type: ignore[union-attr]
-    assert thing.fields["name"].resolve.__module__ == "schema.resolving"  # type: ignore[union-attr]
+    assert thing.fields["loud"].resolve.__module__.startswith("strawberry")
+    assert thing.fields["felt"].resolve.__module__.startswith("strawberry")
+    assert thing.fields["name"].resolve.__module__ == "schema.resolving"
 
 
 def test_the_served_schema_resolves_its_record_fields_directly() -> None:
     content = our_schema._schema.type_map["Content"]
     assert isinstance(content, GraphQLObjectType)
     for name in ("id", "title", "commentCount", "author", "comments"):
-        assert content.fields[name].resolve.__module__ == "schema.resolving", name  # type: ignore[union-attr]
+        assert content.fields[name].resolve.__module__ == "schema.resolving", name

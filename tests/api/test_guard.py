@@ -11,9 +11,12 @@ import strawberry
 from strawberry.tools import merge_types
 
 from resolvers.core.context import Context
-from schema import MiFamiliasSchema, Mutation, Query, Subscription
+from schema import MiFamiliasSchema
 from schema.content import Content
 from schema.multiplex import MultiplexingExecutionContext
+from schema.mutation import Mutation
+from schema.query import Query
+from schema.subscription import Subscription
 from store import items, keys
 from tests.api.conftest import Api
 from tests.factories import make_family, settle, upload
