@@ -6,7 +6,9 @@ One pass:
 1. The outbox (GSI2 `MAIL_OUTBOX`): each capsule opening's notification is
    claimed under a lease (a conditional write), then sent or skipped, then
    marked and taken out of the outbox (a write conditioned on the lease).
-2. Each digest kind (DAILY, WEEKLY): the people due (GSI2 `EMAIL_DIGEST#<kind>`,
+2. Invitations (GSI2 `INVITE_MAIL_OUTBOX`): each invite made with an email,
+   claimed, sent and settled the same way.
+3. Each digest kind (DAILY, WEEKLY): the people due (GSI2 `EMAIL_DIGEST#<kind>`,
    sorted by the end of their last period) each get a marker for the period,
    put with a condition; only its writer sends, then marks it and moves the
    person on in the index.
@@ -32,7 +34,7 @@ from resolvers.core.config import Settings
 from resolvers.domain import mail
 from store import keys
 from store.enums import DIGESTS, MailState
-from store.items import Notification, User, iso
+from store.items import FamilyInvite, Notification, User, iso
 from store.port import Item, Table
 
 log = logging.getLogger("mifamilias.mailer")
@@ -80,6 +82,7 @@ class Mailer:
     async def run_once(self) -> MailPass:
         done = MailPass()
         await self.outbox(done)
+        await self.invitations(done)
         for kind in DIGESTS:
             await self.digests(kind, done)
         if done.sent or done.failed:
@@ -124,6 +127,48 @@ class Mailer:
             done.skipped += 1
             return
         state = await self._send(found.message, f"capsule {note.capsule_id} to {note.user_id}", done)
+        if state is not None:
+            await mail.settle_outbox(self.table, key, self.owner, state, self.clock())
+
+    # Invitations ------------------------------------------------------------------------
+
+    async def invitations(self, done: MailPass) -> None:
+        """Invites made with an email: each carries the outbox's keys from the
+        transaction that made it until it is settled here."""
+        cursor: str | None = None
+        while True:
+            page = await self.table.query(keys.INVITE_MAIL_OUTBOX_PK, index="GSI2", limit=100, cursor=cursor)
+            for item in page.items:
+                lease = item.get("mailLeaseUntil")
+                if lease and lease > iso(self.clock()):
+                    continue
+                await self.invitation(item, done)
+            if page.cursor is None:
+                return
+            cursor = page.cursor
+
+    async def invitation(self, item: Item, done: MailPass) -> None:
+        claimed = await mail.claim_outbox(self.table, item, self.owner, self.clock(), LEASE)
+        if claimed is None:
+            return
+        key = (claimed["PK"], claimed["SK"])
+        invite = FamilyInvite.from_item(claimed)
+        if int(claimed.get("mailAttempts", 1)) > mail.MAX_ATTEMPTS:
+            await mail.settle_outbox(self.table, key, self.owner, MailState.FAILED, self.clock())
+            done.failed += 1
+            log.error("mail: gave up on the invitation of invite %s", invite.id)
+            return
+        try:
+            found = await mail.invitation_mail(self.table, self.head, invite, self.clock())
+        except Exception:
+            log.exception("mail: could not prepare the invitation of invite %s; retried later", invite.id)
+            done.failed += 1
+            return
+        if found.message is None:
+            await mail.settle_outbox(self.table, key, self.owner, MailState.SKIPPED, self.clock())
+            done.skipped += 1
+            return
+        state = await self._send(found.message, f"invitation of invite {invite.id}", done)
         if state is not None:
             await mail.settle_outbox(self.table, key, self.owner, state, self.clock())
 
