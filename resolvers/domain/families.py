@@ -15,7 +15,7 @@ from resolvers.core.validation import clean_email, clean_text
 from resolvers.domain import access, notifications
 from resolvers.domain.access import READERS
 from store import items, keys
-from store.enums import FamilyEventType, PostingPolicy, Role, TrustLevel
+from store.enums import FamilyEventType, MailState, PostingPolicy, Role, TrustLevel
 from store.items import Family, FamilyEvent, FamilyInvite, Membership
 from store.port import (
     Check,
@@ -835,6 +835,8 @@ async def create_invite(
             max_uses=max_uses,
             ends_at=ends_at,
             email=address,
+            # Without SMTP nothing will send it: out of the mail outbox from the start.
+            mail_state=MailState.SKIPPED if address and not ctx.services.settings.smtp_url else None,
         )
         try:
             await ctx.table.transact(

@@ -321,7 +321,9 @@ async def claim_outbox(table: Table, item: Item, owner: str, now: datetime, leas
                 condition=all_of(
                     Exists(),
                     any_of(
+                        # Never claimed (an invite's record holds the attribute, as null).
                         NotExists("mailState"),
+                        eq("mailState", None),
                         all_of(eq("mailState", MailState.SENDING), Compare("mailLeaseUntil", "<", now_iso)),
                     ),
                 ),
