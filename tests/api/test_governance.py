@@ -11,6 +11,7 @@ from typing import Any
 
 from store import keys
 from store.enums import FamilyEventType
+from store.port import op_key
 from tests.api.conftest import Api
 from tests.factories import JOIN, family_with_members, join, make_family
 
@@ -362,21 +363,35 @@ async def test_admins_only_posting(api: Api) -> None:
 
 
 async def test_the_setting_is_read_at_the_write(api: Api) -> None:
-    """An upload that read EVERYONE, racing the change to ADMINS, is refused at its write."""
+    """An upload that read EVERYONE, while the change to ADMINS commits before
+    its write, is refused at its write."""
     family_id = await family_with_members(api, "ana", ["ben"])
-    async with writes_meet(api, 2):
+    table: Any = api.table
+    original = table.transact
+    upload_at_write, changed = asyncio.Event(), asyncio.Event()
+
+    async def ordered(ops: Any) -> None:
+        if any(op_key(op)[0].startswith("CONTENT#") for op in ops):
+            upload_at_write.set()  # it read the setting, and found EVERYONE
+            await asyncio.wait_for(changed.wait(), 30)
+            await original(ops)
+            return
+        await asyncio.wait_for(upload_at_write.wait(), 30)
+        await original(ops)
+        changed.set()
+
+    table.transact = ordered
+    upload: dict[str, Any]
+    try:
         upload, _ = await asyncio.gather(
             api.post(UPLOAD, {"f": family_id}, as_="ben"),
             api.post(SETTINGS, {"i": {"familyId": family_id, "postingPolicy": "ADMINS"}}, as_="ana"),
         )
-    data = await api.ok("query($f: ID!) { family(id: $f) { postingPolicy } }", {"f": family_id}, as_="ben")
-    assert data["family"]["postingPolicy"] == "ADMINS"
-    feed = await api.table.query(keys.family_pk(family_id), index="GSI1")
-    if "errors" in upload:
-        assert upload["errors"][0]["extensions"]["code"] == "FORBIDDEN"
-        assert feed.items == []
-    else:
-        assert len(feed.items) == 1  # it committed before the change
+    finally:
+        table.transact = original
+    assert upload["errors"][0]["extensions"]["code"] == "FORBIDDEN", upload
+    assert "only ADMINs may post" in upload["errors"][0]["message"]
+    assert (await api.table.query(keys.family_pk(family_id), index="GSI1")).items == []
 
 
 # The admins' record -------------------------------------------------------------------------
