@@ -98,8 +98,8 @@ class LastAdmin(Conflict):
     def __init__(self, family_name: str) -> None:
         super().__init__(
             f"you are the last ADMIN of the family {family_name!r}, which has other members: "
-            "name a successor for it (successors: [{familyId, userId}], a current MEMBER), make "
-            "another member ADMIN, or remove its other members before deleting your account"
+            "hand it over first: name a successor for it (successors: [{familyId, userId}], a current "
+            "MEMBER), make another member ADMIN, or remove its other members"
         )
 
 
@@ -175,7 +175,8 @@ async def _refuse_last_admin(
     """The families where the person is the last ADMIN with others there, each
     with its successor checked; LastAdmin for the first without one."""
     wanted = [keys.member(f, user_id) for f in family_ids] + [keys.family(f) for f in family_ids]
-    wanted += [keys.member(f, u) for f, u in successors.items() if keys.usable_id(u)]
+    # A successor's membership joins the batch (never twice the same key: DynamoDB refuses that).
+    wanted += [keys.member(f, u) for f, u in successors.items() if keys.usable_id(u) and u != user_id]
     found = await ctx.table.batch_get(wanted) if wanted else {}
     needed: list[str] = []
     for family_id in family_ids:
