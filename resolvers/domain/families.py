@@ -29,6 +29,7 @@ from store.port import (
     TransactionCancelled,
     Update,
     WriteOp,
+    all_items,
     all_of,
     any_of,
     eq,
@@ -917,13 +918,7 @@ async def invites_of(ctx: Context, family: Family) -> list[FamilyInvite]:
 
 async def family_invites(ctx: Context, family_id: str) -> list[FamilyInvite]:
     """Every invite of a family (for dissolving it)."""
-    found: list[FamilyInvite] = []
-    cursor: str | None = None
-    while True:
-        page = await ctx.table.query(
-            keys.family_pk(family_id), SortKey.begins_with(keys.FAMILY_INVITE_PREFIX), cursor=cursor
-        )
-        found += [FamilyInvite.from_item(item) for item in page.items]
-        if page.cursor is None:
-            return found
-        cursor = page.cursor
+    found = await all_items(
+        ctx.table, keys.family_pk(family_id), SortKey.begins_with(keys.FAMILY_INVITE_PREFIX)
+    )
+    return [FamilyInvite.from_item(item) for item in found]
