@@ -9,11 +9,11 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-from store import keys
+from store import items, keys
 from store.enums import FamilyEventType
-from store.port import op_key
+from store.port import Update, op_key
 from tests.api.conftest import Api
-from tests.factories import JOIN, family_with_members, join, make_family
+from tests.factories import JOIN, family_rows, family_with_members, join, make_family
 
 ROLE = """mutation($f: ID!, $u: ID!, $r: FamilyRole!) {
   setMemberRole(familyId: $f, userId: $u, role: $r) { role user { id } } }"""
@@ -488,3 +488,71 @@ async def test_a_refused_change_records_nothing(api: Api) -> None:
     await api.error(REVOKE, {"id": f"{family_id}:nothing"}, as_="ana")
     await api.error(SETTINGS, {"i": {"familyId": family_id, "postingPolicy": "ADMINS"}}, as_="ben")
     assert len(await activity(api, family_id, "ana")) == before
+
+
+async def test_admins_are_peers_and_a_demoted_admin_acts_no_more(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", ["ben", "cy", "dee"])
+    await set_role(api, family_id, "ben", "ADMIN", as_="ana")
+    await set_role(api, family_id, "cy", "ADMIN", as_="ana")
+    # One ADMIN removes another.
+    remove = "mutation($f: ID!, $u: ID!) { removeMember(familyId: $f, userId: $u) }"
+    assert (await api.ok(remove, {"f": family_id, "u": "cy"}, as_="ben"))["removeMember"] is True
+    family_item = await api.table.get(keys.family(family_id))
+    assert family_item is not None and family_item["adminCount"] == 2
+    assert keys.admin_attribute("cy") not in family_item
+    # ben starts removing dee; ana demotes ben, and that commits first: ben's
+    # removal, checked at its write, is refused.
+    table: Any = api.table
+    original = table.transact
+    removal_at_write, demoted = asyncio.Event(), asyncio.Event()
+
+    async def ordered(ops: Any) -> None:
+        if any(op_key(op) == keys.member(family_id, "dee") for op in ops):
+            removal_at_write.set()
+            await asyncio.wait_for(demoted.wait(), 30)
+            await original(ops)
+            return
+        await asyncio.wait_for(removal_at_write.wait(), 30)
+        await original(ops)
+        demoted.set()
+
+    table.transact = ordered
+    removal: dict[str, Any]
+    try:
+        removal, _ = await asyncio.gather(
+            api.post(remove, {"f": family_id, "u": "dee"}, as_="ben"),
+            api.post(ROLE, {"f": family_id, "u": "ben", "r": "MEMBER"}, as_="ana"),
+        )
+    finally:
+        table.transact = original
+    assert removal["errors"][0]["extensions"]["code"] == "CONFLICT", removal
+    assert roles(await api.ok(MEMBERS, {"f": family_id}, as_="ana")) == {
+        "ana": "ADMIN",
+        "ben": "MEMBER",
+        "dee": "MEMBER",
+    }
+
+
+async def test_a_family_from_before_co_admins_gets_its_second_admin(api: Api) -> None:
+    # Written as families were before: no ADMIN attribute on the family item.
+    for row in family_rows("oldfamily", "ana", ["ben"]):
+        await api.table.put(row)
+    long_ago = items.iso(api.clock.moment - timedelta(days=400))
+    await api.table.update(
+        Update(keys.family("oldfamily"), set={"adminCount": 1, "memberCount": 2, "createdAt": long_ago})
+    )
+    data = await api.ok(ADMINS, {"f": "oldfamily"}, as_="ben")
+    assert data["family"]["admin"] == {"id": "ana"} and data["family"]["admins"] == [{"id": "ana"}]
+    await set_role(api, "oldfamily", "ben", "ADMIN", as_="ana")
+    data = await api.ok(ADMINS, {"f": "oldfamily"}, as_="ben")
+    assert data["family"]["admin"] == {"id": "ana"}
+    assert data["family"]["admins"] == [{"id": "ana"}, {"id": "ben"}]
+    await set_role(api, "oldfamily", "ana", "MEMBER", as_="ben")
+    data = await api.ok(ADMINS, {"f": "oldfamily"}, as_="ana")
+    assert data["family"]["admins"] == [{"id": "ben"}] and data["family"]["admin"] == {"id": "ben"}
+
+
+async def test_an_invite_to_a_closed_family_still_waits_for_approval(api: Api) -> None:
+    family = await make_family(api, "ana", trust="CLOSED")
+    invite = await create_invite(api, family["id"], maxUses=1)
+    assert (await join(api, "ben", invite["code"]))["role"] == "PENDING"
