@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import strawberry
 
 from resolvers.core.pagination import page_size
-from resolvers.domain import access, users
 from resolvers.domain import content as content_resolvers
+from resolvers.domain import users
 from schema.common import Info, PageInfo, maybe_when, when
 from schema.enums import ContentStatus, ContentType
 from schema.user import User
@@ -133,12 +133,10 @@ class Content:
         self, info: Info, first: int | None = 20, after: str | None = None
     ) -> CommentConnection:
         page = await content_resolvers.comments_page(info.context, self.item, page_size(first, 20), after)
-        notes = [items.Comment.from_item(item) for item in page.items]
-        await access.decide(info.context, notes)
         return CommentConnection(
             edges=[
-                CommentEdge(cursor=cursor, node=Comment(item=note))
-                for note, cursor in zip(notes, page.cursors, strict=True)
+                CommentEdge(cursor=cursor, node=Comment(item=items.Comment.from_item(item)))
+                for item, cursor in zip(page.items, page.cursors, strict=True)
             ],
             page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
         )
@@ -214,12 +212,10 @@ async def feed_connection(
     info: Info, family_id: str, first: int | None, after: str | None
 ) -> ContentConnection:
     page = await content_resolvers.feed_page(info.context, family_id, page_size(first, 20), after)
-    contents = [items.Content.from_item(item) for item in page.items]
-    await access.decide(info.context, contents)
     return ContentConnection(
         edges=[
-            ContentEdge(cursor=cursor, node=Content(item=content))
-            for content, cursor in zip(contents, page.cursors, strict=True)
+            ContentEdge(cursor=cursor, node=Content(item=items.Content.from_item(item)))
+            for item, cursor in zip(page.items, page.cursors, strict=True)
         ],
         page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
     )

@@ -219,17 +219,6 @@ async def readable(ctx: Context, records: Sequence[R]) -> list[R]:
     return [record for record, allowed in zip(records, verdicts, strict=True) if allowed]
 
 
-async def decide(ctx: Context, records: Sequence[Record]) -> None:
-    """Reaches the verdicts on a page of records at once, before they become
-    GraphQL objects: the read guard (schema.guard) then finds each one made,
-    instead of waiting on each record apart. Nothing is filtered here."""
-    undecided = [record for record in records if cached_verdict(ctx, record) is None]
-    if len(undecided) == 1:
-        await may_read(ctx, undecided[0])
-    elif undecided:
-        await asyncio.gather(*(may_read(ctx, record) for record in undecided))
-
-
 def refusal(record: Record) -> NotFound:
     # One answer for "missing" and "not yours", so a refusal leaks nothing.
     return not_found(GUARDED.get(type(record), "item"))
