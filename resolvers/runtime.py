@@ -16,7 +16,7 @@ from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
 from resolvers.adapters.transcribe import Transcriber
 from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
-from resolvers.core.context import Services, utc_now
+from resolvers.core.context import utc_now
 from resolvers.core.cursors import CursorSigner
 from resolvers.core.metrics import Metrics
 from resolvers.core.observed import ObservedTable, botocore_client, engine_of, watch_botocore
@@ -29,6 +29,7 @@ from resolvers.processes.live import EventReads
 from resolvers.processes.mailer import Mailer
 from resolvers.processes.pipeline import Pipeline
 from resolvers.processes.scheduler import UnlockScheduler
+from resolvers.services import Services
 from store.blobs import BlobStore, LocalBlobStore
 from store.port import Table
 

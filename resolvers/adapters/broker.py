@@ -13,13 +13,13 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from resolvers.core.metrics import Metrics
+from resolvers.core.ports import Event, EventBus
 
 log = logging.getLogger(__name__)
 
-Event = dict[str, Any]
 QUEUE_LIMIT = 1000
 DELIVERY_SLICE = 64  # subscribers woken per turn of the event loop
 
@@ -34,13 +34,8 @@ def content_channel(content_id: str) -> str:
     return f"content:{content_id}"
 
 
-class Broker(Protocol):
-    async def publish(self, channel: str, event: Event) -> None: ...
-
-    async def publish_many(self, events: Sequence[tuple[str, Event]]) -> None:
-        """Publishes in one go: one round trip to Redis for a whole unlock."""
-
-    def subscribe(self, channel: str) -> contextlib.AbstractAsyncContextManager[AsyncIterator[Event]]: ...
+class Broker(EventBus, Protocol):
+    """The event bus, and what the composition asks of it besides."""
 
     async def ping(self) -> None:
         """Raises when the broker cannot carry events now (readiness)."""

@@ -12,10 +12,11 @@ from datetime import UTC, datetime, timedelta
 
 import emoji as emoji_data
 
-from resolvers.adapters.broker import Broker, content_channel
+from resolvers.adapters.broker import content_channel
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, Forbidden, not_found
 from resolvers.core.pagination import ItemPage, query_page
+from resolvers.core.ports import EventBus
 from resolvers.core.validation import clean_mime_type, clean_optional, clean_text
 from resolvers.domain import access, families, notifications, tags
 from store import keys
@@ -69,7 +70,7 @@ def blobs_of(ctx: Context) -> BlobStore:
     return ctx.services.blobs
 
 
-def broker_of(ctx: Context) -> Broker | None:
+def broker_of(ctx: Context) -> EventBus | None:
     return notifications.broker_of(ctx)
 
 
@@ -77,7 +78,7 @@ def original_key(content: Content) -> str:
     return f"content/{content.id}/original"
 
 
-async def publish_status(broker: Broker | None, content: Content) -> None:
+async def publish_status(broker: EventBus | None, content: Content) -> None:
     if broker is not None:
         await broker.publish(
             content_channel(content.id),

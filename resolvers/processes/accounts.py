@@ -22,7 +22,7 @@ from store import keys
 from store.items import AccountDeletion, iso
 
 if TYPE_CHECKING:
-    from resolvers.core.context import Services
+    from resolvers.core.ports import ContextServices
 
 log = logging.getLogger("mifamilias.accounts")
 
@@ -45,13 +45,13 @@ class AccountDeletions:
             self.resume(ctx.services, user_id)
             raise Conflict("your account is still being deleted; try again in a moment") from None
 
-    def resume(self, services: Services, user_id: str) -> None:
+    def resume(self, services: ContextServices, user_id: str) -> None:
         """Finishes the deletion in the background, beside the requests."""
         task = asyncio.create_task(self._resume(services, user_id), name=f"account-deletion-{user_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _resume(self, services: Services, user_id: str) -> None:
+    async def _resume(self, services: ContextServices, user_id: str) -> None:
         ctx = Context(services=services)
         try:
             if await accounts.hold(ctx, user_id, self.owner, taking_over=True):
@@ -62,7 +62,7 @@ class AccountDeletions:
             log.exception("account %s: the deletion stopped; the sweep tries again", user_id)
             await accounts.release(ctx, user_id, self.owner)
 
-    async def sweep(self, services: Services) -> int:
+    async def sweep(self, services: ContextServices) -> int:
         """Takes over every deletion nobody holds; returns how many it finished."""
         ctx = Context(services=services)
         now = iso(services.now())
