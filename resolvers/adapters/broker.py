@@ -37,6 +37,10 @@ def content_channel(content_id: str) -> str:
 class Broker(EventBus, Protocol):
     """The event bus, and what the composition asks of it besides."""
 
+    def subscriber_count(self, channel: str) -> int:
+        """How many subscribers in this process listen on `channel` now."""
+        ...
+
     async def ping(self) -> None:
         """Raises when the broker cannot carry events now (readiness)."""
 
@@ -93,6 +97,9 @@ class _Fanout:
         finally:
             self.metrics.delivered(channel, delivered, dropped)
 
+    def count(self, channel: str) -> int:
+        return len(self.queues.get(channel, ()))
+
     @contextlib.asynccontextmanager
     async def listen(self, channel: str) -> AsyncIterator[asyncio.Queue[Event]]:
         queue: asyncio.Queue[Event] = asyncio.Queue(QUEUE_LIMIT)
@@ -129,6 +136,9 @@ class InProcessBroker:
     async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:
         async with self._fanout.listen(channel) as queue:
             yield _drain(queue)
+
+    def subscriber_count(self, channel: str) -> int:
+        return self._fanout.count(channel)
 
     async def ping(self) -> None:
         pass  # the process itself: nothing to be down
@@ -195,6 +205,9 @@ class RedisBroker:
                 async with self._lock:
                     if len(self._fanout.queues.get(channel, ())) <= 1:
                         await self._pubsub.unsubscribe(self._prefix + channel)
+
+    def subscriber_count(self, channel: str) -> int:
+        return self._fanout.count(channel)
 
     async def ping(self) -> None:
         await self._redis.ping()
