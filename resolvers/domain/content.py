@@ -95,7 +95,6 @@ is_sealed = access.is_sealed
 # Reading content goes through the read rule's own module; named here too,
 # since most callers think of it as content's.
 load_content = access.load_content
-may_read = access.content_reader
 readable_content = access.readable_content
 
 
