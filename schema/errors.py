@@ -36,7 +36,7 @@ CODES = {
     "CONFLICT",
     "RATE_LIMITED",
     "INTERNAL_SERVER_ERROR",
-    # Persisted operations (issue 14): Apollo's codes, beside the contract's.
+    # Persisted operations: Apollo's codes, beside the contract's, so Apollo clients recognise them.
     "PERSISTED_QUERY_NOT_FOUND",
     "PERSISTED_QUERY_NOT_IN_LIST",
 }

@@ -1,4 +1,4 @@
-"""Issue 14: metrics at /metrics, traces, structured logs.
+"""Observability: metrics at /metrics, traces, structured logs.
 
 - A scripted session against a real server process, then its /metrics parsed:
   the counts match what the session did.

@@ -1,7 +1,7 @@
 """Notifications: items under the addressee's partition, newest first, each
 announced on the addressee's channel once it is written.
 
-Read state (issue 15). A person's unread count is kept in `keys.UNREAD_SLOTS`
+Read state. A person's unread count is kept in `keys.UNREAD_SLOTS`
 counter items beside their notifications, with an epoch: "mark everything
 read" moves the epoch on (one transaction of the counters, whatever the number
 of notifications), and a notification written at an older epoch is read

@@ -1,4 +1,4 @@
-"""The mailer (issue 15): it runs in every server process when
+"""The mailer: it runs in every server process when
 MIFAMILIAS_SMTP_URL is set; conditional writes make each email go out once
 however many run.
 
