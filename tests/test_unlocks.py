@@ -119,7 +119,9 @@ async def test_two_processes_unlock_300_capsules_exactly_once(
     try:
         await until(
             lambda: all(len(received[p]) >= len(expected[p]) for p in expected),
-            "every capsule on every stream",
+            lambda: (
+                f"every capsule on every stream: {[(len(received[p]), len(expected[p])) for p in expected]}"
+            ),
             300,
             interval=0.2,
         )
