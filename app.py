@@ -40,6 +40,7 @@ from resolvers.core.metrics import Metrics
 from resolvers.domain import mail
 from resolvers.runtime import compose, local_blob_store, observe_table, start_background
 from schema import schema_for
+from schema.backpressure import ConnectionHandles
 from schema.graphiql import STATIC_DIR
 from schema.observability import RequestObservability
 from schema.transport import MiFamiliasGraphQL
@@ -322,7 +323,9 @@ def _serve(settings: Settings) -> None:
     app = create_app(settings, process_metrics=True)
     going_away: Callable[[], Awaitable[None]] = app.state.going_away
     config = uvicorn.Config(
-        app,
+        # Outside Starlette's own middleware: it sees the server's own `send`,
+        # so a slow client's connection can be dropped.
+        ConnectionHandles(app),
         host=settings.host,
         port=settings.port,
         log_config=None,
