@@ -30,7 +30,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -48,7 +48,7 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import Bas
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.graphql import OperationType
 
-from resolvers.core import logs
+from resolvers.core import idempotency, logs
 from resolvers.core.context import Context, Services
 from resolvers.core.errors import ApiError, PersistedQueryNotFound
 from schema import backpressure, socket_auth, streams
@@ -171,6 +171,22 @@ def _well_formed(message: object) -> bool:
     if message["type"] in ("complete", "stop"):
         return isinstance(message.get("id"), str)
     return True
+
+
+def _idempotency_key(extensions: object) -> str | None:
+    key = extensions.get("idempotencyKey") if isinstance(extensions, dict) else None
+    return key if isinstance(key, str) else None
+
+
+@contextlib.contextmanager
+def _keyed(message: Any) -> Iterator[None]:
+    """The operation's Idempotency-Key (`extensions.idempotencyKey`), for the
+    task the protocol's handler creates for it (which copies it), and no other."""
+    token = idempotency.requested_key.set(_idempotency_key(message["payload"].get("extensions")))
+    try:
+        yield
+    finally:
+        idempotency.requested_key.reset(token)
 
 
 class _Guarded:
@@ -326,7 +342,8 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
 
     async def handle_subscribe(self, message: Any) -> None:
         if not await self._expired() and (message := await self._persisted(message)) is not None:
-            await super().handle_subscribe(message)
+            with _keyed(message):
+                await super().handle_subscribe(message)
 
     async def shutdown(self) -> None:
         self._stop_watching()
@@ -386,7 +403,8 @@ class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
 
     async def handle_start(self, message: Any) -> None:
         if not await self._expired() and (message := await self._persisted(message)) is not None:
-            await super().handle_start(message)
+            with _keyed(message):
+                await super().handle_start(message)
 
     async def cleanup(self) -> None:
         self._stop_watching()
@@ -529,6 +547,9 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
             request_data = [await self._persisted(context, data) for data in request_data]
         else:
             request_data = await self._persisted(context, request_data)
+            # This request's own task: the key is this operation's alone.
+            header = request.headers.get("idempotency-key") if hasattr(request, "headers") else None
+            idempotency.requested_key.set(header or _idempotency_key(request_data.extensions))
         protocol = getattr(request_data, "protocol", None)
         if protocol == "http" and _is_subscription(request_data):
             raise HTTPException(400, SUBSCRIBE_OVER_HTTP)

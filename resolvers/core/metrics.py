@@ -37,6 +37,7 @@ CODES = frozenset(
         "CONFLICT",
         "RATE_LIMITED",
         "INTERNAL_SERVER_ERROR",
+        "UNAVAILABLE",
     }
 )
 TRANSPORTS = frozenset({"graphql-transport-ws", "graphql-ws", "sse", "multipart"})
