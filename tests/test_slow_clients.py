@@ -10,6 +10,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -100,11 +101,25 @@ async def slow_clients_closed(server: ServerProcess) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
 
 
-async def test_slow_readers_are_let_go_and_hold_nobody_else(server: ServerProcess) -> None:
+@dataclass
+class Outcome:
+    """What a run of slow and normal subscribers saw."""
+
+    late: list[float]  # for each normal subscriber, seconds from the capsule's date to its event
+    codes: list[int | None]  # how each slow socket was closed
+    let_go: float  # the server's count of clients let go
+
+
+async def slow_and_normal(
+    server: ServerProcess, slow_count: int = SLOW, normal_count: int = NORMAL
+) -> Outcome:
+    """`slow_count` subscribers that stop reading (two subscriptions each) and
+    `normal_count` that read; a flood of large events for the slow ones, then
+    one capsule opening for the normal ones."""
     run = f"{time.time_ns() % 10**8:08d}"
     creator = f"ana{run}"
-    slow = [f"slow{n}x{run}" for n in range(SLOW)]
-    normal = [f"norm{n}x{run}" for n in range(NORMAL)]
+    slow = [f"slow{n}x{run}" for n in range(slow_count)]
+    normal = [f"norm{n}x{run}" for n in range(normal_count)]
     family_id = f"fam{run}"
     settings = Settings(data_dir=server.data_dir)
     table = SqliteTable(settings.sqlite_path)
@@ -142,24 +157,31 @@ async def test_slow_readers_are_let_go_and_hold_nobody_else(server: ServerProces
 
     listeners = [asyncio.create_task(listen(person)) for person in normal]
     try:
-        await until(
-            lambda: subscriptions_running([server], "capsuleUnlocked", 2 * SLOW + NORMAL), "150 subscriptions"
-        )
+        wanted = 2 * slow_count + normal_count
+        await until(lambda: subscriptions_running([server], "capsuleUnlocked", wanted), "the subscriptions")
         assert datetime.now(UTC) < flood_at, "the set-up took longer than the time before the flood"
         # Every normal subscriber hears its capsule open, slow sockets or not.
         await asyncio.wait_for(asyncio.gather(*listeners), 60)
         late = sorted(at - opening_at.timestamp() for at in received.values())
-        print(f"normal subscribers: opening received {late[0]:.2f} s to {late[-1]:.2f} s after its date")
         # Every slow one is let go, counted, and told why when it reads again.
-        await until(lambda: _at_least(server, SLOW), "the slow clients let go", seconds=60)
+        await until(lambda: _at_least(server, slow_count), "the slow clients let go", seconds=60)
         codes = await asyncio.gather(*(close_code(connection) for connection in slow_sockets))
-        assert codes == [4408] * SLOW
-        assert await slow_clients_closed(server) == SLOW
+        return Outcome(late, list(codes), await slow_clients_closed(server))
     finally:
         for listener in listeners:
             listener.cancel()
         for connection in slow_sockets:
             connection.transport.abort()
+
+
+async def test_slow_readers_are_let_go_and_hold_nobody_else(server: ServerProcess) -> None:
+    outcome = await slow_and_normal(server)
+    print(
+        f"normal subscribers: opening received {outcome.late[0]:.2f} s to {outcome.late[-1]:.2f} s after its date"
+    )
+    assert len(outcome.late) == NORMAL
+    assert outcome.codes == [4408] * SLOW
+    assert outcome.let_go == SLOW
     async with httpx.AsyncClient() as client:
         assert (await client.get(f"{server.url}/healthz")).status_code == 200
     log = server.log()
