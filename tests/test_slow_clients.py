@@ -121,7 +121,7 @@ async def slow_and_normal(
     slow = [f"slow{n}x{run}" for n in range(slow_count)]
     normal = [f"norm{n}x{run}" for n in range(normal_count)]
     family_id = f"fam{run}"
-    settings = Settings(data_dir=server.data_dir)
+    settings = Settings(data_dir=Path(server.env["MIFAMILIAS_DATA_DIR"]))  # the server's own store
     table = SqliteTable(settings.sqlite_path)
     await table.batch_write(family_rows(family_id, creator, [*slow, *normal]))
     flood_at = datetime.now(UTC) + timedelta(seconds=12)
