@@ -42,6 +42,9 @@ class EventBus(Protocol):
 
     def subscribe(self, channel: str) -> contextlib.AbstractAsyncContextManager[AsyncIterator[Event]]: ...
 
+    def publish_failed(self) -> None:
+        """A publish did not get out: the local streams re-read from the table."""
+
 
 class MediaQueue(Protocol):
     """The media pipeline, to a request: an upload to process."""

@@ -3,7 +3,8 @@
 Reading anything of a family (its content, capsules, comments, reactions, tags,
 media URLs, members and their profiles, and what notifications point to)
 requires the viewer to be a current MEMBER or ADMIN of that family at the time
-of the read. Being a capsule's creator or recipient never bypasses it. A
+of the read. A family's invites and its admins' record are its current ADMINs'
+alone. Being a capsule's creator or recipient never bypasses it. A
 PENDING member sees the family itself and their own membership, nothing more.
 
 Every resolver that fetches records asks `may_read` (or `readable` for a list),
@@ -29,6 +30,8 @@ from store.items import (
     Content,
     DataExport,
     Family,
+    FamilyEvent,
+    FamilyInvite,
     Membership,
     Notification,
     Recipient,
@@ -52,7 +55,17 @@ OPEN = frozenset({CapsuleStatus.AVAILABLE, CapsuleStatus.VIEWED, CapsuleStatus.A
 
 # Every record the one read rule decides on (not `store.codec.Record`, the base of all records).
 GuardedRecord = (
-    Family | Membership | Content | Capsule | Comment | Recipient | Tag | Notification | DataExport
+    Family
+    | Membership
+    | Content
+    | Capsule
+    | Comment
+    | Recipient
+    | Tag
+    | Notification
+    | DataExport
+    | FamilyInvite
+    | FamilyEvent
 )
 R = TypeVar("R", bound=GuardedRecord)
 
@@ -67,6 +80,8 @@ GUARDED: dict[type, str] = {
     Tag: "tag",
     Notification: "notification",
     DataExport: "export",
+    FamilyInvite: "invite",
+    FamilyEvent: "family event",
 }
 
 
@@ -146,6 +161,9 @@ async def _decide(ctx: Context, record: GuardedRecord) -> bool:
         return record.user_id == viewer
     if isinstance(record, Family):
         return await membership(ctx, record.id) is not None
+    if isinstance(record, FamilyInvite | FamilyEvent):
+        found = await membership(ctx, record.family_id)
+        return found is not None and found.role == Role.ADMIN
     if isinstance(record, Membership):
         return record.user_id == viewer or await reader(ctx, record.family_id) is not None
     if isinstance(record, Content):
