@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 
 from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
 from resolvers.adapters.transcribe import Transcriber
+from resolvers.core import workdirs
 from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
-from resolvers.core.context import Services, utc_now
+from resolvers.core.context import utc_now
 from resolvers.core.cursors import CursorSigner
 from resolvers.core.metrics import Metrics
 from resolvers.core.observed import ObservedTable, botocore_client, engine_of, watch_botocore
@@ -29,6 +30,7 @@ from resolvers.processes.live import EventReads
 from resolvers.processes.mailer import Mailer
 from resolvers.processes.pipeline import Pipeline
 from resolvers.processes.scheduler import UnlockScheduler
+from resolvers.services import Services
 from store.blobs import BlobStore, LocalBlobStore
 from store.port import Table
 
@@ -226,6 +228,8 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
     """The workers (pipeline, exports), the unlock scheduler and the sweeps, until the stack closes."""
     settings = services.settings
     pipeline, scheduler = services.pipeline, services.scheduler
+    # What a killed process left in the temp folder (a transcode, an export build).
+    await asyncio.to_thread(workdirs.sweep_dead)
     await pipeline.start()
     await services.exports.start()
     services.accounts.serve(services)

@@ -122,7 +122,7 @@ class GuardedExecutionContext(StrawberryGraphQLCoreExecutionContext):
 
     async def _complete_readable(
         self,
-        record: access.Record,
+        record: access.GuardedRecord,
         return_type: Any,
         field_details_list: Any,
         info: Any,

@@ -43,7 +43,7 @@ class User(Record):
     family_name: str | None = None
     profile_image_url: str | None = None
     onboarding_complete: bool = False
-    # Email (issue 15): what the person chose, and for a digest, the end of the
+    # Email: what the person chose, and for a digest, the end of the
     # last period digested (the digests' index is sorted by it).
     email_preference: str = EmailPreference.NONE
     digest_until: str | None = None
@@ -446,7 +446,7 @@ class Notification(Record):
         return keys.notification(self.user_id, self.created_at, self.id)
 
     def index_keys(self) -> Item:
-        # A capsule opening is the mailer's outbox item too (issue 15): written by
+        # A capsule opening is the mailer's outbox item too: written by
         # the unlock's own transaction, so it exists exactly when the unlock does.
         if self.type != NotificationType.CAPSULE_UNLOCKED:
             return {}
@@ -603,3 +603,26 @@ class DigestMarker(Record):
     @property
     def key(self) -> Key:
         return keys.digest_marker(self.user_id, self.period_end)
+
+
+@dataclass(frozen=True)
+class IdempotentRequest(Record):
+    """A mutation sent with an Idempotency-Key, for 24 hours (`expires_at`,
+    the table's TTL attribute). `state`: RUNNING while an attempt runs it;
+    COMMITTED once its write landed (written in the write's own transaction
+    where there is one); DONE with the `result` to answer retries with."""
+
+    RENAMED: ClassVar[Mapping[str, str]] = {"expires_at": TTL_ATTRIBUTE}
+
+    user_id: str
+    idempotency_key: str
+    request: str  # SHA-256 of the operation and its variables
+    attempt: str  # the attempt running it (a takeover changes it)
+    state: str
+    started_at: float  # Unix seconds, when the current attempt began
+    expires_at: int
+    result: str | None = None  # the answer, as JSON
+
+    @property
+    def key(self) -> Key:
+        return keys.idempotency(self.user_id, self.idempotency_key)

@@ -242,6 +242,11 @@ def readiness_probe() -> Key:
     return ("PROBE", "READINESS")
 
 
+def readiness_write(process: str) -> Key:
+    """Written by /readyz, one per process (with a TTL): the store can write."""
+    return ("PROBE", f"WRITE#{process}")
+
+
 # Notifications ----------------------------------------------------------------
 
 
@@ -304,7 +309,7 @@ def tagset_user(family_id: str, set_name: str, user_id: str) -> Key:
     return (f"TAGSET#{family_id}#{set_name}", f"USER#{user_id}")
 
 
-# Leaving with your data (issue 15) ---------------------------------------------
+# Leaving with your data -------------------------------------------------------
 
 
 def account_deletion(user_id: str) -> Key:
@@ -341,7 +346,7 @@ def export_expiry_gsi2(available_until: str, export_id: str) -> tuple[str, str]:
     return (EXPORTS_EXPIRY_PK, f"{available_until}#{export_id}")
 
 
-# Email (issue 15) ---------------------------------------------------------------
+# Email ------------------------------------------------------------------------
 
 MAIL_OUTBOX_PK = "MAIL_OUTBOX"
 
@@ -380,3 +385,9 @@ def persisted_document(sha256_hex: str) -> Key:
     """A GraphQL document registered through automatic persisted queries, by
     the SHA-256 of its text (64 lower-case hex digits, checked by the caller)."""
     return (f"PERSISTED#{sha256_hex}", "DOC")
+
+
+def idempotency(user_id: str, key: str) -> Key:
+    """A person's Idempotency-Key: hashed, so that any text the client chose
+    stays out of the key space (and keys of any length fit)."""
+    return (f"IDEMPOTENCY#{user_id}", hashlib.sha256(key.encode()).hexdigest())

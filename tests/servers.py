@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import socket
@@ -14,8 +15,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,6 +164,13 @@ class RedisProcess:
 @contextlib.contextmanager
 def running_moto_server(log_dir: Path) -> Iterator[str]:
     """moto's server (see tests/moto_server.py) on a free local port; yields its URL."""
+    with moto_server_process(log_dir) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def moto_server_process(log_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """moto's server and its process (to stop it with SIGSTOP, as a stalled table)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = log_dir / "moto_server.log"
@@ -186,8 +195,9 @@ def running_moto_server(log_dir: Path) -> Iterator[str]:
                 if time.monotonic() > deadline:
                     pytest.fail(f"moto_server did not answer on {url}:\n{log_path.read_text()}")
                 time.sleep(0.1)
-        yield url
+        yield url, process
     finally:
+        process.send_signal(signal.SIGCONT)
         process.terminate()
         try:
             process.wait(timeout=10)
@@ -223,17 +233,25 @@ async def engine_env(engine: str, request: pytest.FixtureRequest) -> AsyncIterat
 
 
 async def until(
-    check: Callable[[], Awaitable[bool] | bool], what: str = "a condition", seconds: float = 120
-) -> None:
-    """Polls a condition until it holds; the deadline only bounds a failure."""
+    check: Callable[[], Any],
+    what: str | Callable[[], str] = "a condition",
+    seconds: float = 120,
+    interval: float = 0.1,
+) -> Any:
+    """Polls `check` (plain or async) until it answers something true, and
+    returns that answer; the deadline only bounds a failure. `what` names what
+    is awaited in the failure (a callable: the state when it gave up).
+    `interval=0` only yields to the event loop, for work in this process."""
     deadline = time.monotonic() + seconds
     while True:
         outcome = check()
-        if outcome if isinstance(outcome, bool) else await outcome:
-            return
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        if outcome:
+            return outcome
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
+        await asyncio.sleep(interval)
 
 
 async def subscriptions_running(servers: Sequence[ServerProcess], name: str, count: int) -> bool:
