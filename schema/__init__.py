@@ -24,9 +24,9 @@ from resolvers.core import logs
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput
 from schema.cost import QueryCost
+from schema.deadline import DeadlinePassed, StoppingExecutionContext, running_within
 from schema.errors import CodedParserCache, ContractErrors
 from schema.guard import ReadGuard, SignedIn
-from schema.multiplex import MultiplexingExecutionContext
 from schema.mutation import Mutation
 from schema.observability import OperationLog, OperationMetrics, Tracing
 from schema.persisted import IntrospectionGate, RegisterPersisted
@@ -95,9 +95,10 @@ async def _within(
     """A query's or mutation's stream (one result) run within the deadline."""
     async with aclosing(results):
         try:
-            async with asyncio.timeout(deadline):
-                collected = [result async for result in results]
-        except TimeoutError:
+            with running_within(deadline):
+                async with asyncio.timeout(deadline):
+                    collected = [result async for result in results]
+        except (TimeoutError, DeadlinePassed):
             collected = [_stopped(deadline, context)]
     for result in collected:
         yield result
@@ -106,7 +107,8 @@ async def _within(
 class MiFamiliasSchema(strawberry.Schema):
     """Queries and mutations run within the operation deadline
     (`MIFAMILIAS_OPERATION_DEADLINE_SECONDS`) on every transport; past it, one
-    is stopped and answered with a clear error. Writes are conditional or
+    is stopped and answered with a clear error, and its fields stop running
+    (`schema.deadline`). Writes are conditional or
     transactional, so one stopped between two writes leaves each write whole.
     A subscription's life has no deadline (the cost limit bounds each event)."""
 
@@ -117,9 +119,10 @@ class MiFamiliasSchema(strawberry.Schema):
         if deadline is None:
             return await super().execute(query, *args, **kwargs)
         try:
-            async with asyncio.timeout(deadline):
-                return await super().execute(query, *args, **kwargs)
-        except TimeoutError:
+            with running_within(deadline):
+                async with asyncio.timeout(deadline):
+                    return await super().execute(query, *args, **kwargs)
+        except (TimeoutError, DeadlinePassed):
             return _stopped(deadline, context)
 
     async def stream(self, query: str | None, *args: Any, **kwargs: Any) -> Any:
@@ -148,8 +151,9 @@ def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.S
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
-        # A subscription event's answer is executed once for the subscribers alike.
-        execution_context_class=MultiplexingExecutionContext,
+        # A subscription event's answer is executed once for the subscribers
+        # alike; a query's fields stop at its deadline.
+        execution_context_class=StoppingExecutionContext,
         extensions=[
             # First: they time the hooks of the others, and see the coded errors.
             *observe,

@@ -107,7 +107,7 @@ def _problems(entry: ManifestEntry, max_cost: int) -> list[str]:
     for definition in document.definitions:
         if isinstance(definition, OperationDefinitionNode):
             name = definition.name.value if definition.name else None
-            cost = estimate_cost(graphql_schema, document, name, {})
+            cost = estimate_cost(graphql_schema, document, name, None)
             if cost > max_cost:
                 found.append(
                     f"operation {name or '(anonymous)'} could cost {cost}, over the limit of {max_cost}"
