@@ -24,7 +24,19 @@ from datetime import datetime
 
 from resolvers.core.errors import RateLimited
 from store import keys
-from store.port import TTL_ATTRIBUTE, Compare, ConditionFailed, NotExists, Table, Update, any_of, eq
+from store.port import (
+    TTL_ATTRIBUTE,
+    Compare,
+    ConditionFailed,
+    NotExists,
+    Table,
+    TransactionCancelled,
+    Update,
+    WriteOp,
+    all_of,
+    any_of,
+    eq,
+)
 
 
 @dataclass(frozen=True)
@@ -87,31 +99,63 @@ class RateLimiter:
         item = await self.table.get(keys.rate(subject, action))
         seen = int(item["window"]) if item is not None and "window" in item else None
         if seen == window and item is not None and int(item.get("count", 0)) >= limit.count:
-            retry_after = max(1, math.ceil(window + limit.seconds - moment))
-            raise RateLimited(
-                f"too many at once ({limit.count} per {_span(limit.seconds)}); try again in {retry_after} s",
-                retryAfter=retry_after,
-            )
+            raise _refusal(limit, window, moment)
         return seen
 
-    async def count(self, subject: str, action: str, now: datetime, seen: int | None = None) -> None:
-        """Counts one `action` that happened; it runs beside the operation's
-        write, so only what was done is counted, at no extra round trip. The
-        write the check's reading calls for goes first (one write, as a rule)."""
-        found = self._window(action, now)
-        if found is None:
-            return
-        limit, window, _ = found
+    def _updates(self, subject: str, action: str, limit: Limit, window: int) -> tuple[Update, Update]:
+        """The two writes that count one more: in this window while it has room,
+        or starting this window (no counter yet, or one of an older window)."""
         key = keys.rate(subject, action)
-        add = Update(key, add={"count": 1}, condition=eq("window", window))
-        # No counter yet, or one of an older window: start this one. It means
-        # nothing once its window is over, so DynamoDB's TTL may delete it then
-        # (one counter per client address would otherwise pile up for ever).
+        add = Update(
+            key,
+            add={"count": 1},
+            condition=all_of(eq("window", window), Compare("count", "<", limit.count)),
+        )
+        # A counter means nothing once its window is over, so DynamoDB's TTL may
+        # delete it then (one counter per client address would otherwise pile up).
         start = Update(
             key,
             set={"window": window, "count": 1, TTL_ATTRIBUTE: window + limit.seconds},
             condition=any_of(NotExists(), Compare("window", "<", window)),
         )
+        return add, start
+
+    async def counted(
+        self, subject: str, action: str, now: datetime, ops: Sequence[WriteOp], seen: int | None = None
+    ) -> None:
+        """Runs the transaction `ops` with one more `action` counted in it, under
+        the condition that the window has room: RATE_LIMITED when it has none,
+        and then nothing of `ops` is written either."""
+        found = self._window(action, now)
+        if found is None:
+            await self.table.transact(ops)
+            return
+        limit, window, moment = found
+        key = keys.rate(subject, action)
+        add, start = self._updates(subject, action, limit, window)
+        order = (add, start) if seen == window else (start, add)
+        for _ in range(ATTEMPTS):
+            for update in order:
+                try:
+                    await self.table.transact([*ops, update])
+                    return
+                except TransactionCancelled as error:
+                    if not error.failed_on(key):
+                        raise  # one of the operation's own conditions
+            item = await self.table.get(key)
+            if item is not None and item.get("window") == window and int(item.get("count", 0)) >= limit.count:
+                raise _refusal(limit, window, moment)
+        raise _refusal(limit, window, moment)  # others kept taking the room meanwhile
+
+    async def count(self, subject: str, action: str, now: datetime, seen: int | None = None) -> None:
+        """Counts one `action` that happened with no write of its own (a wrong
+        invite code), while the window has room; a full window stays full. The
+        write the check's reading calls for goes first (one write, as a rule)."""
+        found = self._window(action, now)
+        if found is None:
+            return
+        limit, window, _ = found
+        add, start = self._updates(subject, action, limit, window)
         order = (add, start) if seen == window else (start, add)
         for _ in range(ATTEMPTS):
             for update in order:
@@ -120,6 +164,14 @@ class RateLimiter:
                     return
                 except ConditionFailed:
                     continue  # another process moved it meanwhile: the other write fits
+
+
+def _refusal(limit: Limit, window: int, moment: float) -> RateLimited:
+    retry_after = max(1, math.ceil(window + limit.seconds - moment))
+    return RateLimited(
+        f"too many at once ({limit.count} per {_span(limit.seconds)}); try again in {retry_after} s",
+        retryAfter=retry_after,
+    )
 
 
 def _span(seconds: int) -> str:

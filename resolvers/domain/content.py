@@ -266,7 +266,7 @@ async def create_upload(
             )
         )
     try:
-        await ctx.counted("upload", ctx.table.transact(ops))
+        await ctx.counted("upload", ops)
     except TransactionCancelled as error:
         if content.upload_id is not None:
             await blobs.abort_multipart(original_key(content), content.upload_id)
@@ -582,7 +582,7 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
         ops += [Put(note.to_item(), NotExists()) for note in notes]
     before = await ctx.loaders.item.load(content.key)  # read by the rule: no round trip
     try:
-        await ctx.counted("comment", ctx.table.transact(ops))
+        await ctx.counted("comment", ops)
     except TransactionCancelled as error:
         raise not_found("content") from error
     ctx.loaders.written([before], [count])
@@ -636,7 +636,7 @@ async def add_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
         Update(keys.reactor(content.id, membership.user_id), set={REACTOR_ATTR + emoji: True}),
     ]
     try:
-        await ctx.counted("reaction", ctx.table.transact([Put(reaction.to_item(), NotExists()), *updates]))
+        await ctx.counted("reaction", [Put(reaction.to_item(), NotExists()), *updates])
     except TransactionCancelled as error:
         if not error.failed_on(reaction.key):
             raise not_found("content") from error
@@ -653,7 +653,7 @@ async def remove_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
         Update(keys.reactor(content.id, membership.user_id), remove=[REACTOR_ATTR + emoji]),
     ]
     try:
-        await ctx.counted("reaction", ctx.table.transact([Delete(key, Exists()), *updates]))
+        await ctx.counted("reaction", [Delete(key, Exists()), *updates])
     except TransactionCancelled as error:
         if not error.failed_on(key):
             raise not_found("content") from error

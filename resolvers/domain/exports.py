@@ -44,6 +44,7 @@ from store.port import (
     Exists,
     Item,
     NotExists,
+    Put,
     SortKey,
     Table,
     Update,
@@ -76,7 +77,7 @@ async def request_export(ctx: Context) -> DataExport:
         requested_at=iso(now),
         expires_at=_ttl(now + timedelta(days=EXPORT_DAYS)),
     )
-    await ctx.counted("export", ctx.table.put(export.to_item(), NotExists()))
+    await ctx.counted("export", [Put(export.to_item(), NotExists())])
     ctx.services.exports.submit(viewer, export.id)
     return export
 
