@@ -196,12 +196,19 @@ async def compose(
     stack.push_async_callback(exports.stop)
     accounts = AccountDeletions()
     stack.push_async_callback(accounts.stop)
+    rates = RateLimiter(
+        table,
+        parse_limits(settings.rate_limits),
+        cost_budget=settings.cost_budget,
+        streams_per_person=settings.max_subscriptions_per_person,
+    )
+    stack.push_async_callback(rates.streams.stop)
     return Services(
         settings=settings,
         table=table,
         verifier=_verifier(settings),
         cursors=CursorSigner(settings.resolved_auth_secret()),
-        rates=RateLimiter(table, parse_limits(settings.rate_limits)),
+        rates=rates,
         broker=broker,
         blobs=blobs,
         pipeline=pipeline,

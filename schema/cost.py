@@ -17,7 +17,11 @@ defaults by `get_argument_values`. A size that cannot be known that way counts
 the largest page, never the default.
 
 An operation over `MIFAMILIAS_MAX_QUERY_COST` is refused with BAD_USER_INPUT and
-`extensions.cost = {estimated, limit}`. Variables are bounded too: no list of
+`extensions.cost = {estimated, limit}`. With a budget (`MIFAMILIAS_COST_BUDGET`),
+a query or mutation that passes is charged its estimate (at least 1) before it
+runs, and a subscription each event it delivers; past the budget, RATE_LIMITED
+with `retryAfter` and `rateLimit` (GitHub's model: `Query.rateLimit` answers the
+same state). Variables are bounded too: no list of
 more than `MAX_LIST_ITEMS` items, but for the few the domain bounds itself
 (`LONG_LISTS`).
 """
@@ -25,7 +29,8 @@ more than `MAX_LIST_ITEMS` items, but for the few the domain bounds itself
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 from graphql import (
@@ -46,10 +51,12 @@ from graphql import (
 from graphql.execution.values import VariableValues, get_argument_values, get_variable_values
 from graphql.utilities import get_operation_ast
 from strawberry.extensions import SchemaExtension
+from strawberry.types.graphql import OperationType
 
 from resolvers.core.context import Context
-from resolvers.core.errors import BadInput
+from resolvers.core.errors import ApiError, BadInput
 from resolvers.core.pagination import MAX_PAGE
+from resolvers.core.ratelimit import BudgetState
 from resolvers.domain.capsules import MAX_RECIPIENTS
 from resolvers.domain.tags import MAX_TAGS
 from schema.guard import refuse
@@ -193,6 +200,15 @@ def estimate_cost(
     return Estimate(schema, fragments, coerced).selection(operation.selection_set, root, 1, None)
 
 
+def event_cost(info: Any) -> int:
+    """What one event of the subscription `info` resolves costs: its selection,
+    estimated with the operation's coerced variables (at least 1)."""
+    raw = info._raw_info
+    root = raw.schema.subscription_type
+    estimate = Estimate(raw.schema, raw.fragments, raw.variable_values)
+    return max(1, estimate.selection(raw.operation.selection_set, root, 1, None))
+
+
 def _lists(value: Any, path: str) -> Iterator[tuple[str, int]]:
     if isinstance(value, list):
         yield path, len(value)
@@ -203,18 +219,39 @@ def _lists(value: Any, path: str) -> Iterator[tuple[str, int]]:
             yield from _lists(item, f"{path}.{key}")
 
 
+# What the running operation was charged, for `Query.rateLimit`.
+charged: ContextVar[BudgetState | None] = ContextVar("charged", default=None)
+
+
 class QueryCost(SchemaExtension):
-    def on_execute(self) -> Iterator[None]:
+    async def on_execute(self) -> AsyncIterator[None]:
         execution_context = self.execution_context
         context = execution_context.context
         document = execution_context.graphql_document
         if isinstance(context, Context) and document is not None and execution_context.result is None:
-            refusal = self._refusal(context, document)
+            refusal = await self._refusal(context, document)
             if refusal is not None:
                 refuse(execution_context, refusal)
         yield
 
-    def _refusal(self, context: Context, document: Any) -> GraphQLError | None:
+    async def _charge(self, context: Context, estimated: int) -> GraphQLError | None:
+        """Spends the operation's points of the viewer's budget; subscriptions
+        pay per event delivered instead."""
+        rates = context.services.rates
+        if not rates.budget.enabled or context.signed_in_error() is not None:
+            return None
+        if self.execution_context.operation_type is OperationType.SUBSCRIPTION:
+            return None
+        try:
+            state = await rates.budget.charge(
+                f"user:{await context.viewer_id()}", max(1, estimated), context.services.now()
+            )
+        except ApiError as error:
+            return GraphQLError(error.message, extensions={"code": error.code, **error.extensions})
+        charged.set(state)
+        return None
+
+    async def _refusal(self, context: Context, document: Any) -> GraphQLError | None:
         variables = self.execution_context.variables or {}
         for name, value in variables.items():
             for path, length in _lists(value, f"${name}"):
@@ -226,7 +263,7 @@ class QueryCost(SchemaExtension):
         schema = self.execution_context.schema._schema
         estimated = estimate_cost(schema, document, self.execution_context.operation_name, variables)
         if estimated <= limit:
-            return None
+            return await self._charge(context, estimated)
         message = (
             f"this operation could cost {estimated}, over the limit of {limit}: "
             "ask for smaller pages (first) or fewer nested lists"

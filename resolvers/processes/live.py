@@ -20,6 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 from resolvers.adapters.broker import Broker, content_channel, user_channel
 from resolvers.core.context import Context
@@ -30,9 +31,58 @@ from resolvers.domain.notifications import notification_id
 from store import keys
 from store.enums import NotificationType
 from store.items import Capsule, Content, Notification
-from store.port import Item, SortKey
+from store.port import Item, Key, SortKey
 
 log = logging.getLogger("mifamilias.live")
+
+T = TypeVar("T")
+
+
+class HeldStream(Generic[T]):
+    """A subscription's events while it holds one of its person's slots
+    (`RateLimiter.streams`): each event delivered, replayed or live, is charged
+    `cost` points of the person's budget first; the slot is given back when the
+    stream ends or is closed, iterated or not."""
+
+    def __init__(self, ctx: Context, events: AsyncIterator[T], slot: Key, subject: str, cost: int) -> None:
+        self.ctx = ctx
+        self.events = events
+        self.slot = slot
+        self.subject = subject
+        self.cost = cost
+        self.closed = False
+
+    def __aiter__(self) -> HeldStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            event = await anext(self.events)
+            rates = self.ctx.services.rates
+            await rates.budget.charge(self.subject, self.cost, self.ctx.services.now())
+        except BaseException:
+            await self.aclose()
+            raise
+        return event
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            await self.ctx.services.rates.streams.release(self.slot)
+
+
+async def held(ctx: Context, events: Callable[[], AsyncIterator[T]], cost: int) -> HeldStream[T]:
+    """`events()` as a stream that holds a slot of the viewer's; RATE_LIMITED
+    (before anything is subscribed) when they have every slot."""
+    subject = f"user:{await ctx.viewer_id()}"
+    slot = await ctx.services.rates.streams.hold(subject)
+    return HeldStream(ctx, events(), slot, subject, cost)
 
 
 def _broker(ctx: Context) -> Broker:

@@ -431,7 +431,9 @@ async def wait_subscribed(api: Api, channel: str, step: Any) -> Any:
     listens on `channel` (polled with a deadline, never slept on)."""
     broker = api.services.broker
     task = asyncio.ensure_future(step)
-    for _ in range(10_000):
+    # Before it listens, a stream holds one of its person's slots: two store
+    # calls, which on DynamoDB go over HTTP.
+    for _ in range(200_000):
         if task.done() or broker._fanout.queues.get(channel):
             return task
         await asyncio.sleep(0)

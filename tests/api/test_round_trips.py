@@ -59,6 +59,7 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "mutation `restoreContent`": (3, 3),
     "mutation `resumeUpload`": (2, 2),
     "mutation `requestDataExport`": (2, 2),
+    "query `rateLimit`": (0, 0),
     "query `dataExport`": (1, 1),
     "mutation `deleteMyAccount`": (17, 17),
 }
