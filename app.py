@@ -77,6 +77,9 @@ async def _answers(what: str, probe: Awaitable[object]) -> str:
     return reason
 
 
+SQLITE_SWEEP_SECONDS = 3600.0
+
+
 async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> Table:
     if settings.uses_dynamodb:
         from store.dynamodb import open_dynamo_table
@@ -88,6 +91,9 @@ async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> T
 
     table = SqliteTable(settings.sqlite_path)
     stack.push_async_callback(table.close)
+    # DynamoDB deletes expired items itself; SQLite is swept.
+    sweeping = asyncio.create_task(table.sweep_every(SQLITE_SWEEP_SECONDS))
+    stack.callback(sweeping.cancel)
     return table
 
 

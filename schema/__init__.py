@@ -16,7 +16,6 @@ from strawberry.extensions import (
     MaxTokensLimiter,
     QueryDepthLimiter,
     SchemaExtension,
-    ValidationCache,
 )
 from strawberry.types import ExecutionResult
 
@@ -25,7 +24,8 @@ from resolvers.core.context import Context
 from resolvers.core.errors import BadInput
 from schema.cost import QueryCost
 from schema.deadline import DeadlinePassed, StoppingExecutionContext, running_within
-from schema.errors import CodedParserCache, ContractErrors
+from schema.documents import DocumentCache
+from schema.errors import ContractErrors
 from schema.guard import ReadGuard, SignedIn
 from schema.mutation import Mutation
 from schema.observability import OperationLog, OperationMetrics, Tracing
@@ -36,10 +36,6 @@ from schema.subscription import Subscription
 MAX_DEPTH = 12
 MAX_ALIASES = 30
 MAX_TOKENS = 5000
-# Bounded LRU caches of parsed and validated documents, keyed by the query text
-# (and the parse options, the document and the validation rules): clients send a
-# few fixed documents; unique texts only evict. bench/ section 1 and 2 measure it.
-DOCUMENT_CACHE = 256
 
 
 class FreshLoaders(SchemaExtension):
@@ -169,8 +165,7 @@ def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.S
             QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]
             MaxAliasesLimiter(max_alias_count=MAX_ALIASES),  # type: ignore[list-item]
             MaxTokensLimiter(max_token_count=MAX_TOKENS),  # type: ignore[list-item]
-            lambda: CodedParserCache(maxsize=DOCUMENT_CACHE),
-            lambda: ValidationCache(maxsize=DOCUMENT_CACHE),
+            DocumentCache,
         ],
     )
 

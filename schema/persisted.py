@@ -52,7 +52,8 @@ class RegisterPersisted(SchemaExtension):
             query = execution_context.query or ""
             sha256 = context.documents_to_register.pop(query, None)
             if sha256 is not None and execution_context.result is None and context.signed_in_error() is None:
-                await context.services.persisted.register(sha256, query)
+                by = (context.services.rates, f"user:{await context.viewer_id()}")
+                await context.services.persisted.register(sha256, query, by)
         yield
 
 
