@@ -25,8 +25,11 @@ class Subscription:
     async def capsule_unlocked(
         self, info: Info, after: strawberry.ID | None = None
     ) -> AsyncGenerator[CapsuleUnlockedEvent, None]:
+        cost = event_cost(info)
+        most = live.replay_bound(cost, info.context.services.settings.max_query_cost)
+
         async def events() -> AsyncIterator[CapsuleUnlockedEvent]:
-            stream = live.capsules_unlocked(info.context, str(after) if after is not None else None)
+            stream = live.capsules_unlocked(info.context, str(after) if after is not None else None, most)
             async for capsule, unlocked_at, event_id, share in stream:
                 yield CapsuleUnlockedEvent(
                     id=strawberry.ID(event_id),
@@ -35,7 +38,7 @@ class Subscription:
                     share=share,
                 )
 
-        return await live.held(info.context, events, event_cost(info))  # type: ignore[return-value]
+        return await live.held(info.context, events, cost)  # type: ignore[return-value]
 
     @strawberry.subscription(
         description="every notification addressed to the viewer, as it is created; with `after` "
@@ -44,12 +47,15 @@ class Subscription:
     async def notification_added(
         self, info: Info, after: strawberry.ID | None = None
     ) -> AsyncGenerator[Notification, None]:
+        cost = event_cost(info)
+        most = live.replay_bound(cost, info.context.services.settings.max_query_cost)
+
         async def events() -> AsyncIterator[Notification]:
-            stream = live.notifications_added(info.context, str(after) if after is not None else None)
+            stream = live.notifications_added(info.context, str(after) if after is not None else None, most)
             async for note in stream:
                 yield Notification(item=note)
 
-        return await live.held(info.context, events, event_cost(info))  # type: ignore[return-value]
+        return await live.held(info.context, events, cost)  # type: ignore[return-value]
 
     @strawberry.subscription(
         description="status changes of one content the viewer may read; the first event is its status now"

@@ -239,6 +239,7 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
 # How far back `after` is looked for: a phone offline for days still finds its
 # place; an id older than this asks the client to refetch instead.
 REPLAY_LIMIT = 1000
+REPLAY_COSTS = 10
 # Event ids a stream remembers to drop repeats: at-least-once delivery (a
 # recovery pass publishing again) and the replay seam both repeat recent ones.
 REMEMBERED = 256
@@ -262,8 +263,11 @@ class Seen:
         return True
 
 
-async def _notifications_after(ctx: Context, viewer: str, after: str) -> list[Notification]:
-    """The viewer's notifications newer than the one `after` names, oldest first.
+async def _notifications_after(
+    ctx: Context, viewer: str, after: str, most: int = REPLAY_LIMIT
+) -> list[Notification]:
+    """The viewer's notifications newer than the one `after` names, oldest
+    first; BAD_USER_INPUT when there are more than `most`.
 
     A notification's public id carries its place (`notifications.public_id`),
     so the read starts right after it; a bare id (from before public ids held
@@ -274,19 +278,18 @@ async def _notifications_after(ctx: Context, viewer: str, after: str) -> list[No
         # Just after the named sort key (no key continues it below " "), up to
         # the last notification ("~" sorts after every character of a key).
         after_it = SortKey.between(named.key[1] + " ", keys.NOTIFICATION_PREFIX + "~")
-        page = await ctx.table.query(pk, after_it, limit=REPLAY_LIMIT)
+        page = await ctx.table.query(pk, after_it, limit=min(most, REPLAY_LIMIT))
         if page.cursor is None:
             return [Notification.from_item(item) for item in page.items]
-        raise BadInput(
-            f"after: more than {REPLAY_LIMIT} notifications came since {after!r}; "
-            "subscribe without `after` and refetch what you missed"
-        )
+        raise _too_many(after, min(most, REPLAY_LIMIT))
     newer: list[Notification] = []
     cursor: str | None = None
     while len(newer) < REPLAY_LIMIT:
         page = await ctx.table.query(pk, prefix, descending=True, limit=100, cursor=cursor)
         for item in page.items:
             if item["id"] == after:
+                if len(newer) > most:
+                    raise _too_many(after, most)
                 return newer[::-1]
             newer.append(Notification.from_item(item))
         if page.cursor is None:
@@ -296,6 +299,20 @@ async def _notifications_after(ctx: Context, viewer: str, after: str) -> list[No
         f"after: no event {after!r} among your last {REPLAY_LIMIT} notifications; "
         "subscribe without `after` and refetch what you missed"
     )
+
+
+def _too_many(after: str, most: int) -> BadInput:
+    return BadInput(
+        f"after: more than {most} notifications came since {after!r}, more than a replay of this "
+        "subscription may send; subscribe without `after` and refetch what you missed"
+    )
+
+
+def replay_bound(event_cost: int, max_cost: int) -> int:
+    """How many events one replay may send: together they may cost at most
+    `REPLAY_COSTS` operations at the cost limit (and never more than
+    `REPLAY_LIMIT`), so a heavy selection replays few."""
+    return max(1, min(REPLAY_LIMIT, REPLAY_COSTS * max_cost // max(1, event_cost)))
 
 
 def capsule_event_id(capsule_id: str, viewer: str) -> str:
@@ -308,7 +325,7 @@ def _capsule_event(note: Notification) -> dict[str, object]:
 
 
 async def capsules_unlocked(
-    ctx: Context, after: str | None = None
+    ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT
 ) -> AsyncIterator[tuple[Capsule, str, str, Share | None]]:
     """(capsule, unlocked at, event id, share) for every capsule the viewer may
     read as it opens; with `after`, first those that opened since that event.
@@ -318,7 +335,7 @@ async def capsules_unlocked(
         seen = Seen()
         async with _broker(ctx).subscribe(user_channel(viewer, "capsules")) as events:
             if after is not None:
-                for note in await _notifications_after(ctx, viewer, after):
+                for note in await _notifications_after(ctx, viewer, after, most):
                     if note.type != NotificationType.CAPSULE_UNLOCKED or not note.capsule_id:
                         continue
                     async with _slot(ctx):
@@ -351,7 +368,9 @@ async def _capsule_for(ctx: Context, event: dict[str, object], viewer: str) -> O
         return None
 
 
-async def notifications_added(ctx: Context, after: str | None = None) -> AsyncIterator[Notification]:
+async def notifications_added(
+    ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT
+) -> AsyncIterator[Notification]:
     """Every notification addressed to the viewer as it is created; with
     `after`, first those created since that one."""
     with ctx.services.metrics.subscription("notificationAdded"):
@@ -359,7 +378,7 @@ async def notifications_added(ctx: Context, after: str | None = None) -> AsyncIt
         seen = Seen()
         async with _broker(ctx).subscribe(user_channel(viewer, "notifications")) as events:
             if after is not None:
-                for note in await _notifications_after(ctx, viewer, after):
+                for note in await _notifications_after(ctx, viewer, after, most):
                     if seen.first_time(note.id):
                         yield note
             async for event in events:

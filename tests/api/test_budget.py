@@ -90,3 +90,24 @@ async def test_a_replay_spends_the_budget_event_by_event(
     refusal = results[3].errors[0]
     assert refusal.extensions["code"] == "RATE_LIMITED"
     assert refusal.extensions["rateLimit"]["used"] == 3
+
+
+async def test_a_replay_is_bounded_by_what_its_events_cost(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """A replay may send events worth ten operations at the cost limit: with a
+    limit of 3 and events of 1, thirty; the thirty-first missed is refused with
+    a reason, and the stream ends."""
+    async with running_api("sqlite", "local", tmp_path, request, max_query_cost=3) as api:
+        family_id = await family_with_members(api, "ana", [])
+        first = await note_for(api, "ana", family_id)
+        for _ in range(30):
+            await note_for(api, "ana", family_id)
+        async with stream(api, NOTES, first.id, "ana") as events:
+            replayed = [await asyncio.wait_for(events.__anext__(), 30) for _ in range(30)]
+        assert all(r.errors is None for r in replayed)
+        await note_for(api, "ana", family_id)
+        async with stream(api, NOTES, first.id, "ana") as events:
+            refused = await asyncio.wait_for(events.__anext__(), 30)
+    assert refused.errors[0].extensions["code"] == "BAD_USER_INPUT"
+    assert "more than 30 notifications" in refused.errors[0].message
