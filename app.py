@@ -336,6 +336,10 @@ def _serve(settings: Settings) -> None:
         # A WebSocket frame is bounded like a request body.
         ws_max_size=settings.max_body_bytes,
         timeout_graceful_shutdown=int(settings.shutdown_seconds),  # replaced at shutdown, see above
+        # X-Forwarded-For and -Proto are believed from MIFAMILIAS_TRUSTED_PROXIES
+        # only; uvicorn's own default would trust 127.0.0.1.
+        proxy_headers=bool(settings.trusted_proxies),
+        forwarded_allow_ips=list(settings.trusted_proxies),
     )
     GracefulServer(config).run()
 
