@@ -22,6 +22,7 @@ from strawberry.types import ExecutionResult
 from resolvers.core import logs
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput
+from schema.caching import CachePolicy
 from schema.cost import QueryCost
 from schema.deadline import DeadlinePassed, StoppingExecutionContext, running_within
 from schema.documents import DocumentCache
@@ -154,6 +155,7 @@ def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.S
             # First: they time the hooks of the others, and see the coded errors.
             *observe,
             ContractErrors,
+            CachePolicy,
             FreshLoaders,
             IntrospectionGate,
             SignedIn,

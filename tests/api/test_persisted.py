@@ -365,3 +365,20 @@ async def test_a_bad_manifest_stops_the_start(tmp_path: Path, request: pytest.Fi
 
 def test_the_persisted_key_is_built_in_keys() -> None:
     assert keys.persisted_document(sha(ME)) == (f"PERSISTED#{sha(ME)}", "DOC")
+
+
+async def test_get_answers_are_private_unless_they_read_nothing_personal(api: Api) -> None:
+    await api.sign_in("ana")
+    personal = await send(api, query=ME, method="GET")
+    assert personal.json() == {"data": {"me": {"id": "ana"}}}
+    assert personal.headers["cache-control"] == "private, no-store"
+    assert personal.headers["vary"] == "Authorization"
+    await send(api, query=ME, hash_=sha(ME))
+    by_hash = await send(api, hash_=sha(ME), method="GET")
+    assert by_hash.headers["cache-control"] == "private, no-store"
+    # Introspection is the same for everyone: a cache may keep it, per token.
+    schema_only = await send(api, query=INTROSPECTION, method="GET")
+    assert "data" in schema_only.json()
+    assert "cache-control" not in schema_only.headers and schema_only.headers["vary"] == "Authorization"
+    # POST is not cached on the way: nothing to say.
+    assert "cache-control" not in (await send(api, query=ME)).headers
