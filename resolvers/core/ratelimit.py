@@ -21,6 +21,7 @@ import contextlib
 import ipaddress
 import logging
 import math
+import random
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -280,6 +281,7 @@ class CostBudget:
 # Live subscriptions at once --------------------------------------------------------
 
 STREAM_LEASE_SECONDS = 60.0
+PROBES = 3
 
 
 class StreamSlots:
@@ -301,32 +303,41 @@ class StreamSlots:
 
     async def hold(self, subject: str) -> Key:
         """A slot for one more subscription of `subject`; RATE_LIMITED when
-        every slot is held."""
+        every slot is held. A few slots picked at random are tried first (a
+        person holds a handful, so the first is free as a rule: one write);
+        then the person's slots are read and the free ones tried."""
+        owner = uuid.uuid4().hex
+        for slot in random.sample(range(self.per_person), min(PROBES, self.per_person)):
+            if await self._claim(keys.stream_slot(subject, slot), owner):
+                return keys.stream_slot(subject, slot)
         now = time.time()
         page = await self.table.query(keys.stream_slots_pk(subject), limit=self.per_person)
         taken = {str(item["SK"]) for item in page.items if float(item.get(TTL_ATTRIBUTE, 0)) > now}
-        owner = uuid.uuid4().hex
         for slot in range(self.per_person):
             key = keys.stream_slot(subject, slot)
-            if key[1] in taken:
-                continue
-            claim = Update(
-                key,
-                set={"owner": owner, TTL_ATTRIBUTE: int(now + self.lease_seconds) + 1},
-                condition=any_of(NotExists(), Compare(TTL_ATTRIBUTE, "<", int(now))),
-            )
-            try:
-                await self.table.update(claim)
-            except ConditionFailed:
-                continue  # another subscription took it meanwhile
-            self.held[key] = owner
-            self._renew_while_held()
-            return key
+            if key[1] not in taken and await self._claim(key, owner):
+                return key
         raise RateLimited(
             f"you have {self.per_person} live subscriptions open, the most there may be; "
             "end one before starting another",
             limit=self.per_person,
         )
+
+    async def _claim(self, key: Key, owner: str) -> bool:
+        """Takes the slot if it is free or its lease ran out (a conditional write)."""
+        now = time.time()
+        claim = Update(
+            key,
+            set={"owner": owner, TTL_ATTRIBUTE: int(now + self.lease_seconds) + 1},
+            condition=any_of(NotExists(), Compare(TTL_ATTRIBUTE, "<", int(now))),
+        )
+        try:
+            await self.table.update(claim)
+        except ConditionFailed:
+            return False  # held by another subscription
+        self.held[key] = owner
+        self._renew_while_held()
+        return True
 
     async def release(self, key: Key) -> None:
         owner = self.held.pop(key, None)
