@@ -33,7 +33,7 @@ from tests.api.test_limits import amplification, bypass
 SECTION = "6. Robustness"
 P99_TARGET_MS = 100.0
 RSS_TARGET_MB = 300.0
-BUDGET = 50_000
+BUDGET = 20_000
 HEAVY_SUBSCRIPTIONS = 20
 
 
@@ -292,19 +292,23 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
         heavy_clients = Clients(server.ws_url, [token("ana")] * HEAVY_SUBSCRIPTIONS, 1, heavy)
 
         def comments() -> str:
-            sent = 0
+            sent = failed = 0
             for n in range(10):
-                gql(
-                    base,
-                    "ben",
-                    "mutation($c: ID!, $b: String!) { addComment(contentId: $c, body: $b) { id } }",
-                    {"c": note_id, "b": f"comentario {n}"},
-                )
-                sent += 1
+                try:
+                    gql(
+                        base,
+                        "ben",
+                        "mutation($c: ID!, $b: String!) { addComment(contentId: $c, body: $b) { id } }",
+                        {"c": note_id, "b": f"comentario {n}"},
+                    )
+                    sent += 1
+                except RuntimeError:  # stopped at its deadline: said in the row
+                    failed += 1
             time.sleep(seconds)
             return (
                 f"{HEAVY_SUBSCRIPTIONS} subscriptions of ~4,500 points an event (one person), "
-                f"{sent} comments by another; budget {BUDGET} points a minute; "
+                f"{sent} comments by another ({failed} stopped at the deadline); "
+                f"budget {BUDGET} points a minute; "
                 f"{heavy_clients.count()} events delivered"
             )
 
