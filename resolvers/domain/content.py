@@ -480,6 +480,13 @@ async def mark_viewed(ctx: Context, content_id: str) -> Content:
     return delivered
 
 
+async def _capsule_gave_up(ctx: Context, content: Content) -> bool:
+    """Whether sealed content has no capsule left to open it: the capsule was
+    cancelled (or is gone), so its author may delete it."""
+    capsule = await access.load_capsule(ctx, content.capsule_id) if content.capsule_id else None
+    return capsule is None or capsule.status == CapsuleStatus.CANCELLED
+
+
 async def delete_content(ctx: Context, content_id: str) -> bool:
     found = await load_content(ctx, content_id)
     if found is None:
@@ -491,7 +498,7 @@ async def delete_content(ctx: Context, content_id: str) -> bool:
     )
     if content.author_id != membership.user_id and membership.role != Role.ADMIN:
         raise Forbidden("only the author or an ADMIN can delete this content")
-    if is_sealed(content):
+    if is_sealed(content) and not await _capsule_gave_up(ctx, content):
         raise Conflict("sealed capsule content cannot be deleted")
     summary = next((i for i in children.items if (i["PK"], i["SK"]) == keys.content_tags(content.id)), None)
     ops: list[WriteOp] = [Delete(content.key, Exists()), *await tags.cleanup_ops(ctx, content, summary)]
