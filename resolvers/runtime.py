@@ -200,12 +200,19 @@ async def compose(
         table=table, clock=clock, lease=timedelta(seconds=settings.pipeline_lease_seconds)
     )
     stack.push_async_callback(accounts.stop)
+    rates = RateLimiter(
+        table,
+        parse_limits(settings.rate_limits),
+        cost_budget=settings.cost_budget,
+        streams_per_person=settings.max_subscriptions_per_person,
+    )
+    stack.push_async_callback(rates.streams.stop)
     return Services(
         settings=settings,
         table=table,
         verifier=_verifier(settings),
         cursors=CursorSigner(settings.resolved_auth_secret()),
-        rates=RateLimiter(table, parse_limits(settings.rate_limits)),
+        rates=rates,
         broker=broker,
         blobs=blobs,
         pipeline=pipeline,

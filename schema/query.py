@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import strawberry
 
 from resolvers.core.pagination import page_size
@@ -10,10 +12,20 @@ from schema.account import DataExport
 from schema.capsule import Capsule, CapsuleConnection, capsule_connection
 from schema.common import Info
 from schema.content import Content
+from schema.cost import charged
 from schema.family import Family, FamilyMember
 from schema.notification import NotificationConnection, NotificationPage
 from schema.tag import TagConnection, TagStatus, tag_connection
 from schema.user import User
+
+
+@strawberry.type(description="a person's cost budget, GitHub's model: points per minute")
+class RateLimit:
+    limit: int = strawberry.field(description="points a minute")
+    cost: int = strawberry.field(description="what this operation cost")
+    used: int = strawberry.field(description="points spent this minute, this operation's included")
+    remaining: int
+    reset_at: datetime = strawberry.field(description="when the minute's points come back")
 
 
 @strawberry.type
@@ -100,3 +112,16 @@ class Query:
     )
     async def data_export(self, info: Info, id: strawberry.ID) -> DataExport | None:
         return DataExport(item=await exports.load_export(info.context, str(id)))
+
+    @strawberry.field(description="the viewer's cost budget after this operation; null without a budget")
+    def rate_limit(self) -> RateLimit | None:
+        state = charged.get()
+        if state is None:
+            return None
+        return RateLimit(
+            limit=state.limit,
+            cost=state.cost,
+            used=state.used,
+            remaining=state.remaining,
+            reset_at=datetime.fromtimestamp(state.reset_at, UTC),
+        )

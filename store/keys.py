@@ -40,6 +40,15 @@ def rate(subject: str, action: str) -> Key:
     return (f"RATE#{subject}", action)
 
 
+def stream_slots_pk(subject: str) -> str:
+    return f"STREAMS#{subject}"
+
+
+def stream_slot(subject: str, slot: int) -> Key:
+    """One of a person's places for a live subscription, held as a lease."""
+    return (stream_slots_pk(subject), f"SLOT#{slot:03d}")
+
+
 def family(family_id: str) -> Key:
     return (f"FAMILY#{family_id}", "META")
 

@@ -432,6 +432,7 @@ def operations(api: Client, world: dict[str, Any]) -> list[Op]:
             "cy",
             requested_export,
         ),
+        Op("rateLimit", "{ rateLimit { cost remaining resetAt } }", "ben"),
         # Last: it takes eve out of the world.
         Op("deleteMyAccount", "mutation { deleteMyAccount }", "eve"),
     ]

@@ -117,6 +117,13 @@ class Settings(BaseSettings):
     multipart_part_bytes: Annotated[int, Field(ge=MIN_PART_BYTES, le=MAX_PART_BYTES)] = 8 * MIB
     max_body_bytes: int = 1024 * 1024
     max_query_cost: int = 5_000
+    # Cost points one person may spend a minute, across operations and the
+    # subscription events delivered to them; 0 is no budget.
+    cost_budget: Annotated[int, Field(ge=0)] = 0
+    # Live subscriptions at once: per person across every connection, transport
+    # and process; per WebSocket connection.
+    max_subscriptions_per_person: Annotated[int, Field(ge=1)] = 50
+    max_subscriptions_per_connection: Annotated[int, Field(ge=1)] = 20
     operation_deadline_seconds: float = 10.0
     # How often an idle subscription hears from the server (WebSocket ping or
     # `ka`, an SSE comment, an empty multipart part), so proxies keep it open.

@@ -195,14 +195,15 @@ class Metrics:
 
     # GraphQL -------------------------------------------------------------------
 
-    def operation_label(self, name: str | None) -> str:
+    def operation_label(self, name: str | None, *, may_add: bool = True) -> str:
         """A bounded label for an operation name: the first `OPERATION_CAP`
-        distinct names keep theirs, later ones are "other"."""
+        distinct names keep theirs, later ones are "other"; a name not yet
+        known takes a place only when `may_add` (anyone may send any name)."""
         if not name:
             return ANONYMOUS
         if name in self._operations:
             return name
-        if len(self._operations) >= OPERATION_CAP or not _NAME.fullmatch(name):
+        if not may_add or len(self._operations) >= OPERATION_CAP or not _NAME.fullmatch(name):
             return OTHER
         self._operations.add(name)
         return name

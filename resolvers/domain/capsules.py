@@ -142,7 +142,7 @@ async def create_capsule(
     # capsule they are invisible, and the capsule's own put is the commit.
     await _in_transactions(ctx.table, rest)
     puts = [Put(capsule.to_item(shards(ctx)), NotExists()), *head]
-    await ctx.counted("capsule", ctx.table.transact(puts))
+    await ctx.counted("capsule", puts)
     for put in (*puts, *rest):  # the answer shows what was written without reading it again
         ctx.loaders.remember(put.item)
     return capsule

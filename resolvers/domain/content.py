@@ -273,7 +273,7 @@ async def create_upload(
             )
         )
     try:
-        await ctx.counted("upload", ctx.table.transact(ops))
+        await ctx.counted("upload", ops)
     except TransactionCancelled as error:
         if content.upload_id is not None:
             await blobs.abort_multipart(original_key(content), content.upload_id)
@@ -492,6 +492,13 @@ async def mark_viewed(ctx: Context, content_id: str) -> Content:
     return delivered
 
 
+async def _capsule_gave_up(ctx: Context, content: Content) -> bool:
+    """Whether sealed content has no capsule left to open it: the capsule was
+    cancelled (or is gone), so its author may delete it."""
+    capsule = await access.load_capsule(ctx, content.capsule_id) if content.capsule_id else None
+    return capsule is None or capsule.status == CapsuleStatus.CANCELLED
+
+
 async def delete_content(ctx: Context, content_id: str) -> bool:
     found = await load_content(ctx, content_id)
     if found is None:
@@ -503,7 +510,7 @@ async def delete_content(ctx: Context, content_id: str) -> bool:
     )
     if content.author_id != membership.user_id and membership.role != Role.ADMIN:
         raise Forbidden("only the author or an ADMIN can delete this content")
-    if is_sealed(content):
+    if is_sealed(content) and not await _capsule_gave_up(ctx, content):
         raise Conflict("sealed capsule content cannot be deleted")
     summary = next((i for i in children.items if (i["PK"], i["SK"]) == keys.content_tags(content.id)), None)
     ops: list[WriteOp] = [Delete(content.key, Exists()), *await tags.cleanup_ops(ctx, content, summary)]
@@ -596,7 +603,7 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
     # With an Idempotency-Key, the key lands with the comment or neither does.
     ops += idempotency.commit_ops()
     try:
-        await ctx.counted("comment", ctx.table.transact(ops))
+        await ctx.counted("comment", ops)
     except TransactionCancelled as error:
         attempt = idempotency.current()
         if attempt is not None and attempt.lost(error):
@@ -655,7 +662,7 @@ async def add_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
         Update(keys.reactor(content.id, membership.user_id), set={REACTOR_ATTR + emoji: True}),
     ]
     try:
-        await ctx.counted("reaction", ctx.table.transact([Put(reaction.to_item(), NotExists()), *updates]))
+        await ctx.counted("reaction", [Put(reaction.to_item(), NotExists()), *updates])
     except TransactionCancelled as error:
         if not error.failed_on(reaction.key):
             raise not_found("content") from error
@@ -672,7 +679,7 @@ async def remove_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
         Update(keys.reactor(content.id, membership.user_id), remove=[REACTOR_ATTR + emoji]),
     ]
     try:
-        await ctx.counted("reaction", ctx.table.transact([Delete(key, Exists()), *updates]))
+        await ctx.counted("reaction", [Delete(key, Exists()), *updates])
     except TransactionCancelled as error:
         if not error.failed_on(key):
             raise not_found("content") from error

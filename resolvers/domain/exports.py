@@ -33,7 +33,7 @@ from typing import Any
 from resolvers.core import leases
 from resolvers.core.context import Context
 from resolvers.core.errors import not_found
-from resolvers.domain import footprint, notifications
+from resolvers.domain import access, footprint, notifications
 from resolvers.domain.access import OPEN
 from store import keys
 from store.blobs import BlobNotFound, BlobStore
@@ -45,6 +45,7 @@ from store.port import (
     Exists,
     Item,
     NotExists,
+    Put,
     SortKey,
     Table,
     Update,
@@ -77,7 +78,7 @@ async def request_export(ctx: Context) -> DataExport:
         requested_at=iso(now),
         expires_at=_ttl(now + timedelta(days=EXPORT_DAYS)),
     )
-    await ctx.counted("export", ctx.table.put(export.to_item(), NotExists()))
+    await ctx.counted("export", [Put(export.to_item(), NotExists())])
     ctx.services.exports.submit(viewer, export.id)
     return export
 
@@ -264,8 +265,14 @@ async def collect(table: Table, user_id: str, now_iso: str) -> tuple[dict[str, A
     opened = []
     for recipient in received:
         item = opened_items.get(keys.capsule(recipient.capsule_id))
-        if item is not None and item.get("status") in OPEN:
-            opened.append(_received(Capsule.from_item(item), recipient.viewed_at))
+        if item is None or item.get("status") not in OPEN:
+            continue
+        # What the person may read now: not a capsule of a family they left.
+        opening = Capsule.from_item(item)
+        member_item = found.get(keys.member(opening.family_id, user_id))
+        member = Membership.from_item(member_item) if member_item is not None else None
+        if access.capsule_readable(opening, user_id, member):
+            opened.append(_received(opening, recipient.viewed_at))
 
     # Read as the API shows them: a "mark everything read" since counts.
     epoch = await notifications.epoch_of(table, user_id)
