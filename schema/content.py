@@ -101,6 +101,26 @@ class Content:
     def transcription(self) -> str | None:
         return self.item.transcription
 
+    @strawberry.field(
+        description="the language of the transcription (ISO 639-1), as detected; null without a transcription"
+    )
+    def transcript_language(self) -> str | None:
+        return self.item.transcript_language if self.item.transcription else None
+
+    @strawberry.field(
+        description="a short-lived signed URL of the transcription's captions (WebVTT, text/vtt), "
+        "with the times they were spoken; null until READY and without a transcription"
+    )
+    async def captions_url(self, info: Info) -> str | None:
+        return await content_resolvers.media_url(info.context, self.item, "captions")
+
+    @strawberry.field(
+        description="why the transcription failed, when the content is READY without one; "
+        "retryContent tries again"
+    )
+    def transcription_failure(self) -> str | None:
+        return self.item.transcription_failure
+
     @strawberry.field(description="why processing failed, when the status is FAILED")
     def failure_reason(self) -> str | None:
         return self.item.failure_reason

@@ -173,6 +173,12 @@ class Content(Record):
     media_key: str | None = None
     thumbnail_key: str | None = None
     transcription: str | None = None
+    # ISO 639-1, as the transcriber detected it (or as the settings forced it).
+    transcript_language: str | None = None
+    # The WebVTT captions blob, when there is a transcription.
+    captions_key: str | None = None
+    # Why a transcription failed: the content is READY without one, and may retry it.
+    transcription_failure: str | None = None
     failure_reason: str | None = None
     ready_at: str | None = None
     # When a photo was taken, from its EXIF: ISO 8601 with the camera's own UTC offset,
@@ -189,6 +195,11 @@ class Content(Record):
     @property
     def key(self) -> Key:
         return keys.content(self.id)
+
+    def blob_keys(self) -> list[str]:
+        """Every blob this content owns: deleting the content deletes these."""
+        owned = (self.s3_key, self.media_key, self.thumbnail_key, self.captions_key)
+        return [key for key in owned if key]
 
     def feed_keys(self) -> dict[str, str]:
         gsi1pk, gsi1sk = keys.feed_gsi1(self.family_id, self.created_at, self.id)
