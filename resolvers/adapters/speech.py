@@ -44,10 +44,14 @@ __all__ = [
     "ModelMissing",
     "assemble_default_model",
     "default_model_installed",
+    "engine_installed",
 ]
 
 SAMPLE_RATE = 16_000
 CHUNK_SECONDS = 300.0
+# A caption's size: about two lines of subtitles, read in the time it is shown.
+CUE_CHARACTERS = 84
+CUE_SECONDS = 6.0
 EXIT_USAGE = 64
 
 # model.bin of the default model, parts 1 and 2 joined: 145,217,607 bytes.
@@ -66,6 +70,12 @@ def _package_data(package: str) -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def engine_installed() -> bool:
+    """Whether faster-whisper is installed (it may arrive while the server runs)."""
+    importlib.invalidate_caches()
+    return importlib.util.find_spec("faster_whisper") is not None
 
 
 def default_model_installed() -> bool:
@@ -153,6 +163,29 @@ def _chunks(path: str, seconds: float) -> Iterator[tuple[float, Any]]:
             yield start / SAMPLE_RATE, joined.astype(np.float32) / 32768.0
 
 
+def _cues(segment: Any) -> Iterator[tuple[float, float, str]]:
+    """A Whisper segment cut into captions one can read as they go by: at most
+    :data:`CUE_CHARACTERS` characters or :data:`CUE_SECONDS` each, cut after a sentence ends,
+    timed by the words' own timestamps."""
+    words = [word for word in (segment.words or []) if word.word.strip()]
+    if not words:
+        text = segment.text.strip()
+        if text:
+            yield segment.start, segment.end, text
+        return
+    held: list[Any] = []
+    for word in words:
+        if held:
+            text = "".join(w.word for w in held).strip()
+            full = len(text) + len(word.word) > CUE_CHARACTERS or word.end - held[0].start > CUE_SECONDS
+            if full or text.endswith((".", "?", "!", "。")):
+                yield held[0].start, held[-1].end, text
+                held = []
+        held.append(word)
+    if held:
+        yield held[0].start, held[-1].end, "".join(w.word for w in held).strip()
+
+
 class _Worker:
     def __init__(self, model_dir: str | None, cache_dir: str, threads: int) -> None:
         self.model_dir = model_dir
@@ -173,7 +206,8 @@ class _Worker:
     def transcribe(self, request: dict[str, Any], send: Any) -> None:
         from faster_whisper.vad import VadOptions, get_speech_timestamps
 
-        language: str | None = request.get("language")
+        forced: str | None = request.get("language")
+        language = forced
         chunk_seconds = float(request.get("chunk_seconds") or CHUNK_SECONDS)
         vad = VadOptions(min_silence_duration_ms=500)
         heard = 0.0
@@ -181,25 +215,39 @@ class _Worker:
             heard = start + audio.size / SAMPLE_RATE
             segments: list[list[Any]] = []
             if get_speech_timestamps(audio, vad):
+                # Each piece detects its own language (unless the settings force one):
+                # one passed on from an earlier piece would make Whisper translate.
                 found, info = self.model().transcribe(
                     audio,
-                    language=language,
+                    language=forced,
                     vad_filter=True,
                     vad_parameters=vad,
                     condition_on_previous_text=False,
+                    word_timestamps=True,
                 )
                 for segment in found:
-                    text = segment.text.strip()
-                    if text:
-                        segments.append(
-                            [round(start + segment.start, 3), round(start + segment.end, 3), text]
-                        )
+                    for at, until, text in _cues(segment):
+                        segments.append([round(start + at, 3), round(start + until, 3), text])
                 if segments and language is None:
-                    # The first piece with speech decides: one recording, one language.
+                    # The recording's language is that of the first piece with speech.
                     language = info.language
             send({"chunk": start, "segments": segments, "language": language})
         usage = resource.getrusage(resource.RUSAGE_SELF)
         send({"done": True, "language": language, "seconds": heard, "max_rss_kib": usage.ru_maxrss})
+
+
+def _die_with_parent() -> None:
+    """On Linux the kernel kills this worker when the server dies (a SIGKILL leaves no
+    one to stop it), so that no orphan goes on decoding for a content another process
+    resumes."""
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
 
 
 def main(argv: list[str]) -> int:
@@ -214,6 +262,7 @@ def main(argv: list[str]) -> int:
         options = parser.parse_args(argv[1:])
     except SystemExit:
         return EXIT_USAGE
+    _die_with_parent()
     if options.memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (options.memory_limit, options.memory_limit))
     # One decode thread each: concurrency is the number of workers, not threads per worker.

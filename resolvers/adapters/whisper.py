@@ -8,6 +8,11 @@ a slow one), when the awaiting task is cancelled (the pipeline stopping, a lease
 when it exits with a memory error; the next transcription starts a new one. A worker idle for
 ``idle_seconds`` is closed, so the model's memory goes back to the system between bursts.
 
+`./dev serve` installs faster-whisper and the model in the background of a first start. While
+its marker (``<venv>/.installing-speech``) names a live process, a transcription waits for the
+packages (the pipeline keeps renewing the content's lease), then runs; without the packages and
+with no install going on, it fails with a reason (the content is READY without a transcript).
+
 The media blob is fetched from the blob store into a temporary file, the worker reads it
 there, and the file is removed when the transcription ends, whatever the outcome.
 """
@@ -18,6 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Coroutine
@@ -35,6 +41,8 @@ log = logging.getLogger("mifamilias.transcribe")
 
 CHUNK_TIMEOUT_SECONDS = 600.0
 START_TIMEOUT_SECONDS = 60.0
+INSTALL_POLL_SECONDS = 2.0
+INSTALLING_MARKER = Path(sys.prefix) / ".installing-speech"
 IDLE_SECONDS = 120.0
 # The worker's address space: the base model decodes in about 400 MB resident; CTranslate2
 # and onnxruntime reserve more address space than they touch.
@@ -124,19 +132,35 @@ class LocalTranscriber:
         self._retiring: set[asyncio.Task[None]] = set()
         self._closed = False
         self.last_stats: WorkerStats | None = None
+        self.installing_marker = INSTALLING_MARKER
 
     @property
     def worker_pids(self) -> list[int]:
         """The pids of the workers now running (idle or busy)."""
         return sorted(w.pid for w in [*self._idle, *self._busy] if w.alive)
 
+    def _missing(self) -> str | None:
+        """What of transcription is not installed, if anything."""
+        if not speech.engine_installed():
+            return "faster-whisper is not installed"
+        if self.model_dir is None and not speech.default_model_installed():
+            return "the default speech model is not installed"
+        return None
+
+    async def _installed(self) -> None:
+        """Returns once faster-whisper and the model are there; raises TranscriptionError
+        when they are not and nothing is installing them."""
+        while (missing := await asyncio.to_thread(self._missing)) is not None:
+            if not _installing(self.installing_marker):
+                raise TranscriptionError(f"transcription is unavailable: {missing} (./dev installs it)")
+            await asyncio.sleep(INSTALL_POLL_SECONDS)
+
     def check_model(self) -> None:
         """Raises TranscriptionError unless a model is there to load (for start-up logs)."""
-        if self.model_dir is not None:
-            if not (self.model_dir / "model.bin").is_file():
-                raise TranscriptionError(f"no CTranslate2 model at {self.model_dir} (model.bin is missing)")
-        elif not speech.default_model_installed():
-            raise TranscriptionError("the default speech model is not installed")
+        if (missing := self._missing()) is not None:
+            raise TranscriptionError(missing)
+        if self.model_dir is not None and not (self.model_dir / "model.bin").is_file():
+            raise TranscriptionError(f"no CTranslate2 model at {self.model_dir} (model.bin is missing)")
 
     async def transcribe(self, *, bucket_key: str, media_format: str, job_name: str) -> Transcription | None:
         with tempfile.TemporaryDirectory(prefix="mifamilias-speech-") as workdir:
@@ -193,6 +217,7 @@ class LocalTranscriber:
             if worker.alive:
                 self._busy.add(worker)
                 return worker
+        await self._installed()
         worker = await self._start()
         self._busy.add(worker)
         return worker
@@ -258,6 +283,21 @@ class LocalTranscriber:
             await worker.kill()
         for task in list(self._retiring):
             await task
+
+
+def _installing(marker: Path) -> bool:
+    """Whether `marker` names a process that is still alive."""
+    try:
+        pid = int(marker.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,173 @@
+"""Transcription end to end, on each engine and blob store: speech made by espeak-ng in
+the test, uploaded through the API, transcribed by the default transcriber (faster-whisper
+with the pinned multilingual base model), answered as text, language and WebVTT captions.
+
+One test per engine carries the English video, the Spanish WAV and the silent video through
+every check, so each engine transcribes each recording once."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jiwer
+import pytest
+
+from resolvers.adapters.broker import content_channel
+from resolvers.adapters.whisper import LocalTranscriber
+from tests import media_factory as mf
+from tests.api.conftest import Api, running_api
+from tests.factories import COMPLETE, family_with_members, put_bytes, settle, start_upload
+
+MAX_WER = 0.35
+CONTENT = """query($id: ID!) { content(id: $id) {
+  status transcription transcriptLanguage captionsUrl transcriptionFailure mediaUrl } }"""
+RETRY = "mutation($id: ID!) { retryContent(contentId: $id) { status } }"
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("speech")
+    english = mf.make_speech_wav(folder, mf.ENGLISH_SPEECH, "en")
+    return {
+        "video": mf.make_video_with_speech(folder, english),
+        "wav": mf.make_speech_wav(folder, mf.SPANISH_SPEECH, "es"),
+        "silent": mf.make_silent_video(folder),
+    }
+
+
+def words(text: str) -> str:
+    """Lower case, no punctuation: what WER compares."""
+    return " ".join(re.sub(r"[^\w\s']", " ", unicodedata.normalize("NFC", text).lower()).split())
+
+
+def wer(reference: str, heard: str) -> float:
+    return float(jiwer.wer(words(reference), words(heard)))
+
+
+def _seconds(stamp: str) -> float:
+    hours, minutes, seconds = stamp.split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def parse_webvtt(text: str) -> list[tuple[float, float, str]]:
+    """(start, end, text) of each cue of a WebVTT file; fails on anything else."""
+    blocks = text.strip().split("\n\n")
+    assert blocks[0].strip() == "WEBVTT", text[:40]
+    cues = []
+    for block in blocks[1:]:
+        lines = block.strip().splitlines()
+        timing = next(i for i, line in enumerate(lines) if "-->" in line)
+        start, end = (part.strip() for part in lines[timing].split("-->"))
+        cues.append((_seconds(start), _seconds(end.split()[0]), " ".join(lines[timing + 1 :])))
+    return cues
+
+
+async def fetch(api: Api, url: str) -> httpx.Response:
+    if url.startswith("http://127.0.0.1:8000/"):
+        response = await api.client.get(url.removeprefix("http://127.0.0.1:8000"))
+    else:
+        async with httpx.AsyncClient() as client:
+            response = await client.get(url)
+    assert response.status_code == 200, response.text
+    return response
+
+
+async def walk(
+    api: Api, user: str, family_id: str, kind: str, path: Path, mime: str
+) -> tuple[str, list[str]]:
+    """Uploads `path` and follows its status events to READY: (content id, statuses)."""
+    body = await asyncio.to_thread(path.read_bytes)
+    started = await start_upload(api, user, family_id, kind, mime, len(body), f"a {kind.lower()}", None)
+    content_id = str(started["content"]["id"])
+    assert await put_bytes(api, started["uploadUrl"], body, mime) == 200
+    seen: list[str] = []
+    async with api.services.broker.subscribe(content_channel(content_id)) as events:
+        await api.ok(COMPLETE, {"id": content_id}, as_=user)
+        await settle(api)
+        async with asyncio.timeout(600):
+            async for event in events:
+                seen.append(event["status"])
+                if event["status"] in ("READY", "FAILED"):
+                    break
+    return content_id, seen
+
+
+async def test_speech_is_transcribed_in_its_language_with_captions_in_time_order(
+    media_api: Api, speech: dict[str, Path]
+) -> None:
+    api = media_api
+    family_id = await family_with_members(api, "ana", ["ben"])
+    cases = [
+        ("VIDEO", speech["video"], "video/mp4", mf.ENGLISH_SPEECH, "en"),
+        ("AUDIO", speech["wav"], "audio/wav", mf.SPANISH_SPEECH, "es"),
+    ]
+    for kind, path, mime, said, language in cases:
+        content_id, seen = await walk(api, "ana", family_id, kind, path, mime)
+        assert seen == ["PROCESSING", "TRANSCODING", "TRANSCRIBING", "READY"]
+        content = (await api.ok(CONTENT, {"id": content_id}, as_="ben"))["content"]
+        assert content["transcriptionFailure"] is None
+        assert wer(said, content["transcription"]) <= MAX_WER, content["transcription"]
+        assert content["transcriptLanguage"] == language
+
+        captions = await fetch(api, content["captionsUrl"])
+        assert captions.headers["content-type"].startswith("text/vtt")
+        cues = parse_webvtt(captions.text)
+        starts = [start for start, _, _ in cues]
+        assert starts == sorted(starts)
+        assert all(0 <= start <= end <= 8.0 for start, end, _ in cues)  # the recordings are ~7 s
+        assert wer(said, " ".join(text for _, _, text in cues)) <= MAX_WER
+        # Two sentences, two cues at least: the last word is heard in the last cue, the
+        # first sentence's last word ("morning", "niños") in an earlier one.
+        assert len(cues) >= 2
+        assert words(said).split()[-1] in words(cues[-1][2]).split()
+        first_sentence_end = words(said.split(".")[0]).split()[-1]
+        assert any(first_sentence_end in words(text).split() for _, _, text in cues[:-1])
+
+    silent_id, seen = await walk(api, "ana", family_id, "VIDEO", speech["silent"], "video/mp4")
+    assert seen == ["PROCESSING", "TRANSCODING", "READY"]  # the skip edge: no audio stream
+    silent = (await api.ok(CONTENT, {"id": silent_id}, as_="ben"))["content"]
+    assert silent["transcription"] is None and silent["captionsUrl"] is None
+    assert silent["transcriptLanguage"] is None and silent["mediaUrl"] is not None
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "dynamodb"])
+async def test_a_failed_transcription_leaves_the_content_ready_and_can_be_retried(
+    engine: str, speech: dict[str, Path], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    broken = tmp_path / "no-model"
+    broken.mkdir()
+    async with running_api(engine, "local", tmp_path, request, whisper_model=broken) as api:
+        family_id = await family_with_members(api, "ana", ["ben"])
+        content_id, seen = await walk(api, "ana", family_id, "AUDIO", speech["wav"], "audio/wav")
+        assert seen == ["PROCESSING", "TRANSCODING", "TRANSCRIBING", "READY"]
+        content = (await api.ok(CONTENT, {"id": content_id}, as_="ben"))["content"]
+        assert content["status"] == "READY" and content["mediaUrl"] is not None
+        assert content["transcription"] is None and content["captionsUrl"] is None
+        assert "model" in content["transcriptionFailure"], content["transcriptionFailure"]
+        # Nobody but the author retries; the author does once the model is there.
+        refused = await api.post(RETRY, {"id": content_id}, as_="ben")
+        assert refused["errors"][0]["extensions"]["code"] in ("FORBIDDEN", "NOT_FOUND")
+
+        pipeline = api.services.pipeline
+        assert isinstance(pipeline.transcriber, LocalTranscriber)
+        await pipeline.transcriber.close()
+        pipeline.transcriber = LocalTranscriber(api.services.blobs, cache_dir=pipeline.transcriber.cache_dir)
+        try:
+            assert (await api.ok(RETRY, {"id": content_id}, as_="ana"))["retryContent"][
+                "status"
+            ] == "TRANSCRIBING"
+            await settle(api)
+            again = (await api.ok(CONTENT, {"id": content_id}, as_="ben"))["content"]
+            assert again["status"] == "READY" and again["transcriptionFailure"] is None
+            assert wer(mf.SPANISH_SPEECH, again["transcription"]) <= MAX_WER
+            assert again["transcriptLanguage"] == "es"
+            # READY with its transcription: nothing left to retry.
+            done: dict[str, Any] = await api.post(RETRY, {"id": content_id}, as_="ana")
+            assert done["errors"][0]["extensions"]["code"] == "CONFLICT"
+        finally:
+            await pipeline.transcriber.close()
