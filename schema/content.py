@@ -7,6 +7,7 @@ import strawberry
 
 from resolvers.core.pagination import page_size
 from resolvers.domain import content as content_resolvers
+from resolvers.domain import search as search_resolvers
 from resolvers.domain import users
 from schema.common import Info, PageInfo, maybe_when, when
 from schema.enums import ContentStatus, ContentType
@@ -226,6 +227,21 @@ class Upload:
             parts=parts,
             received_parts=list(target.received_parts) if target.received_parts is not None else None,
         )
+
+
+async def search_connection(
+    info: Info, family_id: str, text: str, first: int | None, after: str | None
+) -> ContentConnection:
+    page, found = await search_resolvers.search_content(
+        info.context, family_id, text, page_size(first, 20), after
+    )
+    return ContentConnection(
+        edges=[
+            ContentEdge(cursor=cursor, node=Content(item=content))
+            for content, cursor in zip(found, page.cursors, strict=True)
+        ],
+        page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+    )
 
 
 async def feed_connection(

@@ -416,6 +416,24 @@ class Tag(Record):
 
 
 @dataclass(frozen=True)
+class ContentWord(Record):
+    """One word (folded and escaped as tags are) of a READY content's title or
+    transcription: what `searchContent` finds it by."""
+
+    content_id: str
+    family_id: str
+    word: str
+
+    @property
+    def key(self) -> Key:
+        return keys.content_word(self.content_id, self.word)
+
+    def index_keys(self) -> Item:
+        pk, sk = keys.content_word_gsi1(self.family_id, self.word, self.content_id)
+        return {"GSI1PK": pk, "GSI1SK": sk}
+
+
+@dataclass(frozen=True)
 class PersistedDocument(Record):
     """A document registered by automatic persisted queries; it lives until
     `expires_at` (Unix seconds, the table's TTL attribute) unless used again."""

@@ -41,7 +41,7 @@ from resolvers.adapters.broker import Broker
 from resolvers.adapters.transcribe import Transcriber, TranscriptionError
 from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
-from resolvers.domain import notifications
+from resolvers.domain import notifications, search
 from resolvers.domain.content import original_key, publish_status
 from resolvers.processes.workers import cancelling
 from store import keys
@@ -375,6 +375,9 @@ class Pipeline:
     async def _ready(self, content: Content, **changes: Any) -> None:
         ready_at = iso(self.clock())
         content = await self._move(content, ContentStatus.READY, readyAt=ready_at, **changes)
+        # A crash between the move and the index leaves the content unfound by its words
+        # until it is indexed again (a retried transcription); it is still READY and shown.
+        await search.index_content(self.table, content)
         await notifications.content_ready(self.table, self.broker, content, ready_at)
 
     async def _check(self, content: Content, source: Path) -> None:

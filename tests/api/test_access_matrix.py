@@ -339,6 +339,8 @@ def variables_for(
         "content": {"id": ids.get(target)},
         "capsule": {"id": ids.get(target)},
         "searchTags": {"familyId": family, "prefix": "ta"},
+        # Title words: "NoteAX", "SealedAX" (adm's alone), "NoteBX".
+        "searchContent": {"familyId": family, "text": target.split(".")[-1]},
         "myTags": {"prefix": ""},
         "tagStatus": {"familyId": family, "setName": "SetSealed" if target == "A" else "SetA"},
         "contentStatusChanged": {"contentId": ids.get(target)},

@@ -19,13 +19,20 @@ import pytest
 
 from resolvers.adapters.broker import content_channel
 from resolvers.adapters.whisper import LocalTranscriber
+from store import keys
 from tests import media_factory as mf
 from tests.api.conftest import Api, running_api
-from tests.factories import COMPLETE, family_with_members, put_bytes, settle, start_upload
+from tests.factories import COMPLETE, family_with_members, put_bytes, settle, start_upload, upload
 
 MAX_WER = 0.35
 CONTENT = """query($id: ID!) { content(id: $id) {
   status transcription transcriptLanguage captionsUrl transcriptionFailure mediaUrl } }"""
+SEARCH = """query($f: ID!, $t: String!, $n: Int) { searchContent(familyId: $f, text: $t, first: $n) {
+  edges { cursor node { id title } } pageInfo { hasNextPage endCursor } } }"""
+SEARCH_AFTER = """query($f: ID!, $t: String!, $n: Int, $a: String) {
+  searchContent(familyId: $f, text: $t, first: $n, after: $a) { edges { node { id } } } }"""
+SCHEDULE = "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { status } }"
+CAPSULE = "mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) { id } }"
 RETRY = "mutation($id: ID!) { retryContent(contentId: $id) { status } }"
 
 
@@ -106,6 +113,7 @@ async def test_speech_is_transcribed_in_its_language_with_captions_in_time_order
         ("VIDEO", speech["video"], "video/mp4", mf.ENGLISH_SPEECH, "en"),
         ("AUDIO", speech["wav"], "audio/wav", mf.SPANISH_SPEECH, "es"),
     ]
+    found: dict[str, str] = {}
     for kind, path, mime, said, language in cases:
         content_id, seen = await walk(api, "ana", family_id, kind, path, mime)
         assert seen == ["PROCESSING", "TRANSCODING", "TRANSCRIBING", "READY"]
@@ -128,11 +136,76 @@ async def test_speech_is_transcribed_in_its_language_with_captions_in_time_order
         first_sentence_end = words(said.split(".")[0]).split()[-1]
         assert any(first_sentence_end in words(text).split() for _, _, text in cues[:-1])
 
+        found[language] = content_id
+
     silent_id, seen = await walk(api, "ana", family_id, "VIDEO", speech["silent"], "video/mp4")
     assert seen == ["PROCESSING", "TRANSCODING", "READY"]  # the skip edge: no audio stream
     silent = (await api.ok(CONTENT, {"id": silent_id}, as_="ben"))["content"]
     assert silent["transcription"] is None and silent["captionsUrl"] is None
     assert silent["transcriptLanguage"] is None and silent["mediaUrl"] is not None
+
+    await _search_finds_what_was_said(api, family_id, found["en"], found["es"], silent_id)
+
+
+async def search(api: Api, family_id: str, text: str, as_: str, first: int = 20) -> list[str]:
+    answer = await api.ok(SEARCH, {"f": family_id, "t": text, "n": first}, as_=as_)
+    return [edge["node"]["id"] for edge in answer["searchContent"]["edges"]]
+
+
+async def _search_finds_what_was_said(
+    api: Api, family_id: str, video_id: str, audio_id: str, silent_id: str
+) -> None:
+    # A spoken word, a prefix of one, words of both languages; case and accents do not matter.
+    assert await search(api, family_id, "football", "ben") == [video_id]
+    assert await search(api, family_id, "FOOTB garden", "ben") == [video_id]
+    assert await search(api, family_id, "ninos playa", "ben") == [audio_id]
+    assert await search(api, family_id, "hermaná", "ben") == [audio_id]
+    assert await search(api, family_id, "football hermana", "ben") == []
+    # Titles too ("a video", "an audio"): each content once, however many words match.
+    assert sorted(await search(api, family_id, "vid", "ben")) == sorted([video_id, silent_id])
+
+    # Sealed capsule content is found by its author alone.
+    capsule = await api.ok(
+        CAPSULE,
+        {
+            "i": {
+                "familyId": family_id,
+                "title": "later",
+                "unlockDate": "2099-01-01T00:00:00Z",
+                "recipientIds": ["ben"],
+            }
+        },
+        as_="ana",
+    )
+    capsule_id = capsule["createCapsule"]["id"]
+    await api.ok(SCHEDULE, {"id": capsule_id}, as_="ana")
+    sealed = await upload(
+        api, "ana", family_id, "TEXT", b"para luego", "text/plain", "football secreto", capsule_id
+    )
+    await settle(api)
+    assert sorted(await search(api, family_id, "football", "ana")) == sorted([video_id, sealed])
+    assert await search(api, family_id, "football", "ben") == [video_id]
+    assert await search(api, family_id, "secreto", "ben") == []
+
+    # Pages: one at a time, each content once.
+    first = await api.ok(SEARCH, {"f": family_id, "t": "a", "n": 1}, as_="ben")
+    page = first["searchContent"]
+    assert page["pageInfo"]["hasNextPage"]
+    rest = await api.ok(
+        SEARCH_AFTER, {"f": family_id, "t": "a", "n": 20, "a": page["pageInfo"]["endCursor"]}, as_="ben"
+    )
+    ids = [page["edges"][0]["node"]["id"]] + [e["node"]["id"] for e in rest["searchContent"]["edges"]]
+    assert sorted(ids) == sorted([video_id, audio_id, silent_id])
+
+    # Bad input changes nothing and says why.
+    refused = await api.post(SEARCH, {"f": family_id, "t": "  ¿? ", "n": 5}, as_="ben")
+    assert refused["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT"
+
+    # Deleted with the content: its words go with it.
+    await api.ok("mutation($id: ID!) { deleteContent(contentId: $id) }", {"id": video_id}, as_="ana")
+    assert await search(api, family_id, "football", "ben") == []
+    left = await api.table.query(keys.content_pk(video_id))
+    assert left.items == []
 
 
 @pytest.mark.parametrize("engine", ["sqlite", "dynamodb"])
