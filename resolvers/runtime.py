@@ -114,8 +114,12 @@ async def _open_transcriber(
     try:
         local.check_model()
     except TranscriptionError as error:
-        # Not fatal: content still becomes READY, without a transcript and with the reason.
-        log.warning("transcription: %s; content will be READY without a transcript", error)
+        # Not fatal: content waits for a background install, or becomes READY without a
+        # transcript and with the reason.
+        if local.installing():
+            log.info("transcription: %s yet; it is being installed, content waits for it", error)
+        else:
+            log.warning("transcription: %s; content will be READY without a transcript", error)
     return local
 
 

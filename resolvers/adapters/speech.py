@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 SAMPLE_RATE = 16_000
-CHUNK_SECONDS = 300.0
+CHUNK_SECONDS = 120.0
 # A caption's size: about two lines of subtitles, read in the time it is shown.
 CUE_CHARACTERS = 84
 CUE_SECONDS = 6.0

@@ -151,9 +151,13 @@ class LocalTranscriber:
         """Returns once faster-whisper and the model are there; raises TranscriptionError
         when they are not and nothing is installing them."""
         while (missing := await asyncio.to_thread(self._missing)) is not None:
-            if not _installing(self.installing_marker):
+            if not self.installing():
                 raise TranscriptionError(f"transcription is unavailable: {missing} (./dev installs it)")
             await asyncio.sleep(INSTALL_POLL_SECONDS)
+
+    def installing(self) -> bool:
+        """Whether faster-whisper and the model are being installed (`./dev serve`'s first start)."""
+        return _installing(self.installing_marker)
 
     def check_model(self) -> None:
         """Raises TranscriptionError unless a model is there to load (for start-up logs)."""
