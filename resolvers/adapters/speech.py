@@ -206,6 +206,7 @@ class _Worker:
     def transcribe(self, request: dict[str, Any], send: Any) -> None:
         from faster_whisper.vad import VadOptions, get_speech_timestamps
 
+        started = time.process_time()
         forced: str | None = request.get("language")
         language = forced
         chunk_seconds = float(request.get("chunk_seconds") or CHUNK_SECONDS)
@@ -233,7 +234,15 @@ class _Worker:
                     language = info.language
             send({"chunk": start, "segments": segments, "language": language})
         usage = resource.getrusage(resource.RUSAGE_SELF)
-        send({"done": True, "language": language, "seconds": heard, "max_rss_kib": usage.ru_maxrss})
+        send(
+            {
+                "done": True,
+                "language": language,
+                "seconds": heard,
+                "cpu_seconds": time.process_time() - started,
+                "max_rss_kib": usage.ru_maxrss,
+            }
+        )
 
 
 def _die_with_parent() -> None:
@@ -277,7 +286,6 @@ def main(argv: list[str]) -> int:
     worker = _Worker(options.model, options.cache, options.threads)
     send({"ready": True, "pid": os.getpid()})
     for line in sys.stdin:
-        started = time.process_time()
         try:
             request = json.loads(line)
             worker.transcribe(request, send)
@@ -290,8 +298,6 @@ def main(argv: list[str]) -> int:
             with contextlib.suppress(Exception):
                 print(f"speech: {type(exc).__name__}: {exc}", file=sys.stderr)
             send({"error": f"{type(exc).__name__}: {exc}", "kind": "audio"})
-        finally:
-            print(f"speech: {time.process_time() - started:.2f} CPU s", file=sys.stderr)
     return 0
 
 

@@ -52,9 +52,11 @@ _LINE_LIMIT = 16 << 20  # one piece's segments as JSON
 
 @dataclass(frozen=True)
 class WorkerStats:
-    """What the last transcription cost its worker: seconds of audio, peak resident memory."""
+    """What the last transcription cost its worker: seconds of audio, the worker's CPU
+    seconds on it (all threads), its peak resident memory so far."""
 
     audio_seconds: float
+    cpu_seconds: float
     max_rss_bytes: int
     pid: int
 
@@ -203,11 +205,9 @@ class LocalTranscriber:
             if "error" in message:
                 raise TranscriptionError(f"transcription failed: {message['error']}")
             if message.get("done"):
-                self.last_stats = WorkerStats(
-                    float(message.get("seconds") or 0.0),
-                    int(message.get("max_rss_kib") or 0) * 1024,
-                    worker.pid,
-                )
+                seconds, rss = float(message.get("seconds") or 0.0), int(message.get("max_rss_kib") or 0)
+                cpu = float(message.get("cpu_seconds") or 0.0)
+                self.last_stats = WorkerStats(seconds, cpu, rss * 1024, worker.pid)
                 return Transcription.of_cues(cues, message.get("language"))
             cues.extend(Cue(float(start), float(end), str(text)) for start, end, text in message["segments"])
 
