@@ -82,6 +82,12 @@ class Transcription:
     text: str
     language: str | None
     cues: tuple[Cue, ...] = ()
+    # Captions the engine wrote itself (AWS Transcribe's WebVTT subtitles), kept as written.
+    vtt: str | None = None
+
+    @property
+    def has_captions(self) -> bool:
+        return bool(self.cues) or bool(self.vtt)
 
     @classmethod
     def of_cues(cls, cues: Sequence[Cue], language: str | None) -> Transcription | None:
@@ -91,7 +97,9 @@ class Transcription:
         return cls(text, language, kept) if text else None
 
     def webvtt(self) -> str:
-        """The cues as a WebVTT file (text/vtt)."""
+        """The captions as a WebVTT file (text/vtt)."""
+        if self.vtt is not None:
+            return self.vtt
         lines = ["WEBVTT", ""]
         for number, cue in enumerate(self.cues, start=1):
             # A cue's text may not hold a blank line or "-->"; "<" and "&" would start markup.
@@ -248,7 +256,31 @@ class AwsTranscriber:
         # The service answers a locale ("es-US"); the port answers the language ("es").
         code = job.get("LanguageCode")
         language = code.split("-")[0].lower() if isinstance(code, str) and code else None
-        return Transcription(text, language)
+        return Transcription(text, language, vtt=await self._read_subtitles(job_name, job))
+
+    @staticmethod
+    def subtitles_key(job_name: str) -> str:
+        """Where the service writes a job's WebVTT subtitles in the output bucket."""
+        return f"{TRANSCRIPT_PREFIX}{job_name}.vtt"
+
+    async def _read_subtitles(self, job_name: str, job: dict[str, Any]) -> str | None:
+        """The job's WebVTT subtitles, from the output bucket or the URI the job names;
+        None when there are none (captions are then left out, the transcript kept)."""
+        body = await self._get_object(self.output_bucket, self.subtitles_key(job_name))
+        if body is None:
+            uris = (job.get("Subtitles") or {}).get("SubtitleFileUris") or []
+            for uri in (u for u in uris if isinstance(u, str) and u.endswith(".vtt")):
+                location = _s3_location(uri)
+                if location is None:
+                    body = await _fetch_http(uri)
+                elif location != (self.output_bucket, self.subtitles_key(job_name)):
+                    body = await self._get_object(*location)
+                if body is not None:
+                    break
+        if body is None:
+            return None
+        text = body.decode("utf-8", "replace")
+        return text if text.lstrip("\ufeff").startswith("WEBVTT") else None
 
     async def _start(self, job_name: str, media_uri: str, media_format: str) -> None:
         request: dict[str, Any] = {
@@ -257,6 +289,8 @@ class AwsTranscriber:
             "MediaFormat": media_format,
             "OutputBucketName": self.output_bucket,
             "OutputKey": self.output_key(job_name),
+            # The service writes WebVTT beside the transcript: <OutputKey without .json>.vtt.
+            "Subtitles": {"Formats": ["vtt"], "OutputStartIndex": 1},
         }
         if self.language_code:
             request["LanguageCode"] = self.language_code

@@ -445,9 +445,11 @@ class Pipeline:
             return {**cleared, "transcriptionFailure": str(error)[:500]}
         if heard is None:
             return cleared  # no speech: READY with a null transcript
-        captions, vtt = f"content/{content.id}/captions.vtt", workdir / "captions.vtt"
-        vtt.write_text(heard.webvtt(), encoding="utf-8")
-        await self.blobs.put_file(captions, vtt, "text/vtt")
+        captions: str | None = None
+        if heard.has_captions:
+            captions, vtt = f"content/{content.id}/captions.vtt", workdir / "captions.vtt"
+            vtt.write_text(heard.webvtt(), encoding="utf-8")
+            await self.blobs.put_file(captions, vtt, "text/vtt")
         return {
             **cleared,
             "transcription": heard.text,

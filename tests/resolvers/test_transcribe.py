@@ -171,6 +171,10 @@ async def test_transcribe_runs_a_job_and_reads_its_transcript(
     assert job["IdentifyLanguage"] is True
     assert job["Transcript"]["TranscriptFileUri"].endswith(f"/{bucket}/transcripts/{name}.json")
 
+    # No subtitles were written: the transcript comes without captions.
+    assert text is not None and text.vtt is None and not text.has_captions
+    assert job["Subtitles"]["Formats"] == ["vtt"]
+
     # A retry with the same name reuses the job (ConflictException) and reads the same result.
     again = await transcriber.transcribe(bucket_key=media, media_format="m4a", job_name=name)
     assert _text(again) == "Hola, abuela."
@@ -256,6 +260,28 @@ async def test_timeout_is_an_error(clients: tuple[Any, Any], bucket: str, media:
     with pytest.raises(TranscriptionError) as caught:
         await adapter.transcribe(bucket_key=media, media_format="m4a", job_name=name)
     assert str(caught.value) == f"transcription job {name!r} still QUEUED after 0 s"
+
+
+async def test_the_language_and_the_subtitles_come_from_the_job(
+    transcriber: AwsTranscriber, clients: tuple[Any, Any], bucket: str, media: str
+) -> None:
+    s3, transcribe = clients
+    name = _job_name()
+    await _write_transcript(s3, bucket, f"transcripts/{name}.json", name, "Hola, abuela.")
+    vtt = "WEBVTT\n\n1\n00:00:00.000 --> 00:00:01.500\nHola, abuela.\n"
+    # Where AWS writes them: the OutputKey with .vtt for .json (moto names the same URI).
+    await s3.put_object(
+        Bucket=bucket, Key=f"transcripts/{name}.vtt", Body=vtt.encode(), ContentType="text/vtt"
+    )
+
+    heard = await transcriber.transcribe(bucket_key=media, media_format="m4a", job_name=name)
+
+    assert heard is not None and heard.text == "Hola, abuela."
+    job = (await transcribe.get_transcription_job(TranscriptionJobName=name))["TranscriptionJob"]
+    assert job["Subtitles"]["SubtitleFileUris"][0].endswith(f"/{bucket}/transcripts/{name}.vtt")
+    # The identified locale (moto's is en-US) as the port's ISO 639-1 language.
+    assert job["LanguageCode"].split("-")[0] == heard.language == "en"
+    assert heard.has_captions and heard.webvtt() == vtt
 
 
 async def test_unsupported_media_format_is_an_error(transcriber: AwsTranscriber, media: str) -> None:
