@@ -9,7 +9,7 @@ import contextlib
 import ipaddress
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
@@ -218,7 +218,9 @@ async def compose(
     stack.push_async_callback(pipeline.stop)
     exports = ExportBuilder(table=table, blobs=blobs, settings=settings, clock=clock)
     stack.push_async_callback(exports.stop)
-    accounts = AccountDeletions()
+    accounts = AccountDeletions(
+        table=table, clock=clock, lease=timedelta(seconds=settings.pipeline_lease_seconds)
+    )
     stack.push_async_callback(accounts.stop)
     return Services(
         settings=settings,
@@ -250,6 +252,8 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
     pipeline, scheduler = services.pipeline, services.scheduler
     await pipeline.start()
     await services.exports.start()
+    services.accounts.serve(services)
+    await services.accounts.start()
 
     async def archive_capsules() -> int:
         return await capsules.archive_viewed(services.table, services.now(), settings.capsule_retention_days)
