@@ -421,7 +421,8 @@ async def _to_pipeline(ctx: Context, content: Content) -> None:
 
 async def retry_content(ctx: Context, content_id: str) -> Content:
     """FAILED content, or content whose processing stopped (its worker's lease
-    ran out with nobody picking it up), goes back to PROCESSING."""
+    ran out with nobody picking it up), goes back to PROCESSING; READY content
+    whose transcription failed goes back to TRANSCRIBING."""
     content = await _own_content(ctx, content_id)
     now = ctx.services.now_iso()
     move = content.transition(

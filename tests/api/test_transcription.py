@@ -8,8 +8,11 @@ every check, so each engine transcribes each recording once."""
 from __future__ import annotations
 
 import asyncio
+import io
+import json
 import re
 import unicodedata
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,8 @@ SEARCH = """query($f: ID!, $t: String!, $n: Int) { searchContent(familyId: $f, t
   edges { cursor node { id title } } pageInfo { hasNextPage endCursor } } }"""
 SEARCH_AFTER = """query($f: ID!, $t: String!, $n: Int, $a: String) {
   searchContent(familyId: $f, text: $t, first: $n, after: $a) { edges { node { id } } } }"""
+EXPORT = "mutation { requestDataExport { id } }"
+EXPORT_READ = "query($id: ID!) { dataExport(id: $id) { status downloadUrl } }"
 SCHEDULE = "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { status } }"
 CAPSULE = "mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) { id } }"
 RETRY = "mutation($id: ID!) { retryContent(contentId: $id) { status } }"
@@ -114,6 +119,7 @@ async def test_speech_is_transcribed_in_its_language_with_captions_in_time_order
         ("AUDIO", speech["wav"], "audio/wav", mf.SPANISH_SPEECH, "es"),
     ]
     found: dict[str, str] = {}
+    vtts: dict[str, str] = {}
     for kind, path, mime, said, language in cases:
         content_id, seen = await walk(api, "ana", family_id, kind, path, mime)
         assert seen == ["PROCESSING", "TRANSCODING", "TRANSCRIBING", "READY"]
@@ -132,6 +138,7 @@ async def test_speech_is_transcribed_in_its_language_with_captions_in_time_order
         # Two sentences, two cues at least: the last word is heard in the last cue, the
         # first sentence's last word ("morning", "niños") in an earlier one.
         assert len(cues) >= 2
+        vtts[content_id] = captions.text
         assert words(said).split()[-1] in words(cues[-1][2]).split()
         first_sentence_end = words(said.split(".")[0]).split()[-1]
         assert any(first_sentence_end in words(text).split() for _, _, text in cues[:-1])
@@ -143,6 +150,19 @@ async def test_speech_is_transcribed_in_its_language_with_captions_in_time_order
     silent = (await api.ok(CONTENT, {"id": silent_id}, as_="ben"))["content"]
     assert silent["transcription"] is None and silent["captionsUrl"] is None
     assert silent["transcriptLanguage"] is None and silent["mediaUrl"] is not None
+
+    # The author's data export holds the transcripts, their languages and the captions.
+    asked = (await api.ok(EXPORT, as_="ana"))["requestDataExport"]
+    await api.services.exports.queue.join()  # the build, in the background
+    ready = (await api.ok(EXPORT_READ, {"id": asked["id"]}, as_="ana"))["dataExport"]
+    zipped = zipfile.ZipFile(io.BytesIO((await fetch(api, ready["downloadUrl"])).content))
+    entries = {entry["id"]: entry for entry in json.loads(zipped.read("mifamilias.json"))["content"]}
+    for language, content_id in found.items():
+        entry = entries[content_id]
+        assert entry["transcriptLanguage"] == language and entry["transcription"]
+        assert entry["captionsFile"] == f"media/{content_id}/captions.vtt"
+        assert zipped.read(entry["captionsFile"]).decode() == vtts[content_id]
+    assert entries[silent_id]["captionsFile"] is None and entries[silent_id]["transcription"] is None
 
     await _search_finds_what_was_said(api, family_id, found["en"], found["es"], silent_id)
 
