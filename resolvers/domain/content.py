@@ -34,6 +34,7 @@ from store.items import (
 )
 from store.port import (
     MAX_TRANSACTION_ITEMS,
+    Check,
     ConditionFailed,
     Delete,
     Exists,
@@ -236,7 +237,10 @@ async def create_upload(
     settings = ctx.services.settings
     mime = _check_upload(settings.max_upload_bytes, content_type, mime_type, size_bytes)
     title = clean_optional(title, "title", MAX_TITLE)
-    await asyncio.gather(ctx.check_rate("upload"), families.readable_family(ctx, family_id))
+    _, (family, membership) = await asyncio.gather(
+        ctx.check_rate("upload"), families.readable_family(ctx, family_id)
+    )
+    families.check_may_post(family, membership)
     capsule: Capsule | None = None
     if capsule_id is not None:
         capsule = await _capsule_for_upload(ctx, capsule_id, family_id, viewer)
@@ -258,7 +262,11 @@ async def create_upload(
     if size_bytes > settings.multipart_threshold_bytes:
         upload_id = await blobs.start_multipart(original_key(content), content_type=mime)
         content = replace(content, upload_id=upload_id, part_size_bytes=settings.multipart_part_bytes)
-    ops: list[WriteOp] = [Put(content.to_item(), NotExists())]
+    ops: list[WriteOp] = [
+        Put(content.to_item(), NotExists()),
+        # Who may post is the family's setting at the write, not at the read.
+        Check(family.key, families.may_post_condition(family, viewer)),
+    ]
     if capsule is not None:
         ops.append(
             Update(
@@ -272,6 +280,9 @@ async def create_upload(
     except TransactionCancelled as error:
         if content.upload_id is not None:
             await blobs.abort_multipart(original_key(content), content.upload_id)
+        if error.failed_on(family.key):
+            ctx.loaders.forget(family.key)
+            raise Forbidden(families.ADMINS_ONLY) from error
         raise Conflict("the capsule already has its content or is no longer SCHEDULED") from error
     return await _upload_target(ctx, content, ())
 
