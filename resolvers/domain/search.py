@@ -23,12 +23,16 @@ A search
 3. the viewer may read the content: the one read rule (`access.content_reader`), so sealed
    capsule content is found by its author alone, and an ex-member finds nothing.
 
+The checks of every hit of a page run at once (the content read through the loader's
+batch), so a page costs the family check, the index query and one round of checks.
+
 Results come in the order of the matching word, then of the content id; a page is filled by
 reading on, at most `SEARCH_READS` index queries, as tag pages are.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Sequence
 
@@ -126,7 +130,8 @@ async def search_content(
     found: dict[Key, Content] = {}
 
     async def keep(hits: list[Item]) -> list[bool]:
-        return [await _matches(ctx, hit, lead, others, found) for hit in hits]
+        # Every hit's checks at once: one more round trip for the page, however many hits.
+        return list(await asyncio.gather(*(_matches(ctx, hit, lead, others, found) for hit in hits)))
 
     page = await filtered_page(
         ctx,
@@ -146,13 +151,14 @@ async def _matches(
     ctx: Context, hit: Item, lead: str, others: Sequence[str], found: dict[Key, Content]
 ) -> bool:
     content_id = str(hit["contentId"])
-    if await _first_with(ctx.table, content_id, lead) != hit["word"]:
+    item, words = await asyncio.gather(
+        ctx.loaders.item.load(keys.content(content_id)),
+        asyncio.gather(*(_first_with(ctx.table, content_id, term) for term in (lead, *others))),
+    )
+    first, *rest = words
+    if first != hit["word"]:
         return False  # found through an earlier word of the same content
-    for term in others:
-        if await _first_with(ctx.table, content_id, term) is None:
-            return False
-    item = await ctx.loaders.item.load(keys.content(content_id))
-    if item is None:
+    if item is None or any(word is None for word in rest):
         return False
     content = Content.from_item(item)
     if await may_read(ctx, content) is None:
