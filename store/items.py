@@ -43,7 +43,7 @@ class User(Record):
     family_name: str | None = None
     profile_image_url: str | None = None
     onboarding_complete: bool = False
-    # Email (issue 15): what the person chose, and for a digest, the end of the
+    # Email: what the person chose, and for a digest, the end of the
     # last period digested (the digests' index is sorted by it).
     email_preference: str = EmailPreference.NONE
     digest_until: str | None = None
@@ -457,7 +457,7 @@ class Notification(Record):
         return keys.notification(self.user_id, self.created_at, self.id)
 
     def index_keys(self) -> Item:
-        # A capsule opening is the mailer's outbox item too (issue 15): written by
+        # A capsule opening is the mailer's outbox item too: written by
         # the unlock's own transaction, so it exists exactly when the unlock does.
         if self.type != NotificationType.CAPSULE_UNLOCKED:
             return {}
