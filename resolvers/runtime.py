@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
-from resolvers.adapters.transcribe import Transcriber
+from resolvers.adapters.transcribe import Transcriber, TranscriptionError
 from resolvers.core import workdirs
 from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
@@ -88,17 +88,41 @@ async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
             await task
 
 
-async def _open_transcriber(settings: Settings, stack: contextlib.AsyncExitStack) -> Transcriber | None:
-    if settings.transcriber != "aws":
+async def _open_transcriber(
+    settings: Settings, stack: contextlib.AsyncExitStack, blobs: BlobStore
+) -> Transcriber | None:
+    if settings.transcriber == "none":
         return None
-    from resolvers.adapters.transcribe import open_aws_transcriber
+    if settings.transcriber == "aws":
+        from resolvers.adapters.transcribe import open_aws_transcriber
 
-    if not settings.s3_bucket:
-        raise RuntimeError("MIFAMILIAS_TRANSCRIBER=aws needs MIFAMILIAS_S3_BUCKET")
-    transcriber: Transcriber = await stack.enter_async_context(
-        open_aws_transcriber(settings.s3_bucket, settings.s3_endpoint, settings.region)
+        if not settings.s3_bucket:
+            raise RuntimeError("MIFAMILIAS_TRANSCRIBER=aws needs MIFAMILIAS_S3_BUCKET")
+        aws: Transcriber = await stack.enter_async_context(
+            open_aws_transcriber(settings.s3_bucket, settings.s3_endpoint, settings.region)
+        )
+        return aws
+    from resolvers.adapters.whisper import open_local_transcriber
+
+    local = await stack.enter_async_context(
+        open_local_transcriber(
+            blobs,
+            cache_dir=settings.resolved_cache_dir / "models",
+            model_dir=settings.whisper_model,
+            language=settings.transcribe_language,
+            workers=settings.pipeline_workers,
+        )
     )
-    return transcriber
+    try:
+        local.check_model()
+    except TranscriptionError as error:
+        # Not fatal: content waits for a background install, or becomes READY without a
+        # transcript and with the reason.
+        if local.installing():
+            log.info("transcription: %s yet; it is being installed, content waits for it", error)
+        else:
+            log.warning("transcription: %s; content will be READY without a transcript", error)
+    return local
 
 
 def local_blob_store(settings: Settings) -> LocalBlobStore:
@@ -182,7 +206,7 @@ async def compose(
         )
         stack.push_async_callback(broker.close)
     blobs = await _open_blobs(settings, stack, local_blobs)
-    transcriber = await _open_transcriber(settings, stack)
+    transcriber = await _open_transcriber(settings, stack, blobs)
     pipeline = Pipeline(
         table=table,
         blobs=blobs,

@@ -208,7 +208,9 @@ class Mutation:
     async def complete_upload(self, info: Info, content_id: strawberry.ID) -> Content:
         return Content(item=await content_resolvers.complete_upload(info.context, str(content_id)))
 
-    @strawberry.mutation(description="FAILED -> PROCESSING")
+    @strawberry.mutation(
+        description="FAILED -> PROCESSING; READY whose transcription failed -> TRANSCRIBING (that step again)"
+    )
     async def retry_content(self, info: Info, content_id: strawberry.ID) -> Content:
         return Content(item=await content_resolvers.retry_content(info.context, str(content_id)))
 

@@ -11,7 +11,7 @@ from resolvers.domain import tags as tag_resolvers
 from schema.account import DataExport
 from schema.capsule import Capsule, CapsuleConnection, capsule_connection
 from schema.common import Info
-from schema.content import Content
+from schema.content import Content, ContentConnection, search_connection
 from schema.cost import charged
 from schema.family import Family, FamilyMember
 from schema.notification import NotificationConnection, NotificationPage
@@ -95,6 +95,21 @@ class Query:
             info.context, str(family_id), prefix, page_size(first, 20), after
         )
         return tag_connection(page)
+
+    @strawberry.field(
+        description="the family's content whose title or transcription has, for each word of text, "
+        "a word that begins with it (case and accents do not matter); sealed capsule content is "
+        "found by its author alone"
+    )
+    async def search_content(
+        self,
+        info: Info,
+        family_id: strawberry.ID,
+        text: str,
+        first: int | None = 20,
+        after: str | None = None,
+    ) -> ContentConnection:
+        return await search_connection(info, str(family_id), text, first, after)
 
     @strawberry.field(description="the viewer's own tags whose value starts with prefix")
     async def my_tags(

@@ -280,6 +280,12 @@ class Content(Record):
     media_key: str | None = None
     thumbnail_key: str | None = None
     transcription: str | None = None
+    # ISO 639-1, as the transcriber detected it (or as the settings forced it).
+    transcript_language: str | None = None
+    # The WebVTT captions blob, when there is a transcription.
+    captions_key: str | None = None
+    # Why a transcription failed: the content is READY without one, and may retry it.
+    transcription_failure: str | None = None
     failure_reason: str | None = None
     ready_at: str | None = None
     # When a photo was taken, from its EXIF: ISO 8601 with the camera's own UTC offset,
@@ -296,6 +302,11 @@ class Content(Record):
     @property
     def key(self) -> Key:
         return keys.content(self.id)
+
+    def blob_keys(self) -> list[str]:
+        """Every blob this content owns: deleting the content deletes these."""
+        owned = (self.s3_key, self.media_key, self.thumbnail_key, self.captions_key)
+        return [key for key in owned if key]
 
     def feed_keys(self) -> dict[str, str]:
         gsi1pk, gsi1sk = keys.feed_gsi1(self.family_id, self.created_at, self.id)
@@ -509,6 +520,24 @@ class Tag(Record):
             )
         found["GSI2PK"], found["GSI2SK"] = keys.tag_gsi2(self.author_id, self.normalized, self.content_id)
         return found
+
+
+@dataclass(frozen=True)
+class ContentWord(Record):
+    """One word (folded and escaped as tags are) of a READY content's title or
+    transcription: what `searchContent` finds it by."""
+
+    content_id: str
+    family_id: str
+    word: str
+
+    @property
+    def key(self) -> Key:
+        return keys.content_word(self.content_id, self.word)
+
+    def index_keys(self) -> Item:
+        pk, sk = keys.content_word_gsi1(self.family_id, self.word, self.content_id)
+        return {"GSI1PK": pk, "GSI1SK": sk}
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,24 @@ def archive_gsi2(ready_at: str, content_id: str) -> tuple[str, str]:
     return (archive_pk(unlock_shard_of(content_id, ARCHIVE_SHARDS)), f"{ready_at}#{content_id}")
 
 
+def content_word(content_id: str, word: str) -> Key:
+    """One word of a content's title or transcription, in the content's own partition
+    (deleting the content deletes it with the other children)."""
+    return (f"CONTENT#{content_id}", f"{CONTENT_WORD_PREFIX}{word}")
+
+
+CONTENT_WORD_PREFIX = "WORD#"
+
+
+def content_word_gsi1(family_id: str, word: str, content_id: str) -> tuple[str, str]:
+    return (content_search_pk(family_id), f"{word}#{content_id}")
+
+
+def content_search_pk(family_id: str) -> str:
+    """The family's words, in word order: searchContent's prefix index."""
+    return f"WORDS#{family_id}"
+
+
 def content_tags(content_id: str) -> Key:
     """A summary of every tag on one content, kept by setTags in its transaction."""
     return (f"CONTENT#{content_id}", "TAGS")

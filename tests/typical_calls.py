@@ -260,6 +260,12 @@ def operations(api: Client, world: dict[str, Any]) -> list[Op]:
             "ben",
             fixed(f=f),
         ),
+        Op(
+            "searchContent",
+            'query($f: ID!) { searchContent(familyId: $f, text: "playa recu", first: 3) { edges { node { id title } } } }',
+            "ben",
+            fixed(f=f),
+        ),
         Op("myTags", "{ myTags { edges { node { value } } } }", "ben"),
         Op(
             "tagStatus",
@@ -447,7 +453,10 @@ async def build_world(api: Client, clock: Any) -> dict[str, Any]:
     for user in ("pia", "quim"):
         await api.ok(JOIN, {"code": vouched["inviteCode"]}, as_=user)
     posts = [
-        await upload_text(api, ["ana", "ben"][n % 2], family["id"], f"post {n}".encode()) for n in range(6)
+        await upload_text(
+            api, ["ana", "ben"][n % 2], family["id"], f"post {n}".encode(), title=f"Recuerdo de la playa {n}"
+        )
+        for n in range(6)
     ]
     await settle(api)
     for n, post in enumerate(posts):

@@ -141,7 +141,15 @@ class Settings(BaseSettings):
     archive_after_days: int = 90
     capsule_retention_days: int = 365
     transcribe_bucket: str | None = None
-    transcriber: str | None = None
+    # Unset: the local transcriber (faster-whisper); "aws": Amazon Transcribe; "none": off.
+    transcriber: Literal["local", "aws", "none"] | None = None
+    # A CTranslate2 Whisper model directory; unset: the default model from the registry.
+    whisper_model: Path | None = None
+    # ISO 639-1; unset: detected per file.
+    transcribe_language: Annotated[str, Field(pattern=r"^[a-z]{2}$")] | None = None
+    # Where derived files that any data directory can share go (the assembled model);
+    # unset: $XDG_CACHE_HOME/mifamilias, else ~/.cache/mifamilias.
+    cache_dir: Path | None = None
     keep_original_metadata: bool = False
     trusted_documents: Path | None = None
     allow_introspection: bool | None = None
@@ -254,6 +262,13 @@ class Settings(BaseSettings):
         if self.allow_introspection is not None:
             return self.allow_introspection
         return self.trusted_documents is None
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        if self.cache_dir is not None:
+            return self.cache_dir
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "mifamilias"
 
     @property
     def sqlite_path(self) -> Path:

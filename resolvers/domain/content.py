@@ -107,7 +107,9 @@ async def _readable_within_rate(ctx: Context, content_id: str, action: str) -> t
 async def media_url(ctx: Context, content: Content, which: str) -> str | None:
     if content.status not in (ContentStatus.READY, ContentStatus.DELIVERED):
         return None
-    key = content.media_key if which == "media" else content.thumbnail_key
+    key = {"media": content.media_key, "thumbnail": content.thumbnail_key, "captions": content.captions_key}[
+        which
+    ]
     if key is None:
         return None
     return await blobs_of(ctx).download_url(key, expires_in=MEDIA_URL_SECONDS)
@@ -431,7 +433,8 @@ async def _to_pipeline(ctx: Context, content: Content) -> None:
 
 async def retry_content(ctx: Context, content_id: str) -> Content:
     """FAILED content, or content whose processing stopped (its worker's lease
-    ran out with nobody picking it up), goes back to PROCESSING."""
+    ran out with nobody picking it up), goes back to PROCESSING; READY content
+    whose transcription failed goes back to TRANSCRIBING."""
     content = await _own_content(ctx, content_id)
     now = ctx.services.now_iso()
     move = content.transition(
@@ -444,8 +447,14 @@ async def retry_content(ctx: Context, content_id: str) -> Content:
             raise Conflict(f"the content is being processed (status {content.status}); wait for it")
         # Only while the lease is still the expired one read here.
         move = replace(move, condition=all_of(eq("status", content.status), eq("leaseUntil", lease)))
+    elif content.status == ContentStatus.READY and content.transcription_failure:
+        # Only the transcription failed: that step alone runs again.
+        move = content.transition(ContentStatus.TRANSCRIBING, now, leaseUntil=None, leaseOwner=None)
     elif content.status != ContentStatus.FAILED:
-        raise Conflict(f"only FAILED or stalled content can be retried (status {content.status})")
+        raise Conflict(
+            "only FAILED or stalled content, or READY content whose transcription failed, "
+            f"can be retried (status {content.status})"
+        )
     try:
         item = await ctx.table.update(move)
     except ConditionFailed as error:
@@ -525,7 +534,7 @@ async def delete_content(ctx: Context, content_id: str) -> bool:
         raise not_found("content") from error
     if rest[room:]:
         await ctx.table.batch_write(deletes=rest[room:])
-    await blobs_of(ctx).delete([k for k in (content.s3_key, content.media_key, content.thumbnail_key) if k])
+    await blobs_of(ctx).delete(content.blob_keys())
     if content.upload_id is not None and content.status == ContentStatus.UPLOADING:
         await blobs_of(ctx).abort_multipart(original_key(content), content.upload_id)
     ctx.loaders.forget(content.key)

@@ -5,7 +5,8 @@ An export is a zip: `mifamilias.json` (the profile, memberships, the person's
 content with its metadata and transcripts, their comments, reactions and tags,
 the capsules they created and those they received that have opened, and their
 notifications) and `media/<contentId>/original.<ext>` for each content of
-theirs whose original is stored. It is written to a temporary file, each media
+theirs whose original is stored, with `media/<contentId>/captions.vtt` beside it
+when it has a transcription. It is written to a temporary file, each media
 file copied into it a chunk at a time, and the file is then stored in the blob
 store, so the memory it takes does not grow with the media.
 
@@ -167,8 +168,10 @@ async def build(
     archive = workdir / "export.zip"
     with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zipped:
         files = await _media(blobs, zipped, own, workdir)
+        captions = await _captions(blobs, zipped, own, workdir)
         for entry in document["content"]:
             entry["file"] = files.get(entry["id"])
+            entry["captionsFile"] = captions.get(entry["id"])
         text = json.dumps(document, ensure_ascii=False, indent=2, sort_keys=True)
         await asyncio.to_thread(zipped.writestr, DOCUMENT, text)
     # Each attempt writes its own file, so a build that lost its lease never
@@ -221,6 +224,26 @@ async def _media(
             continue
         name = f"media/{content.id}/original{_extension(content.mime_type)}"
         await asyncio.to_thread(_copy_into, zipped, name, scratch, content.created_at)
+        scratch.unlink(missing_ok=True)
+        files[content.id] = name
+    return files
+
+
+async def _captions(
+    blobs: BlobStore, zipped: zipfile.ZipFile, own: list[Content], workdir: Path
+) -> dict[str, str]:
+    """Each transcription's captions, as `media/<contentId>/captions.vtt`."""
+    files: dict[str, str] = {}
+    scratch = workdir / "captions.vtt"
+    for content in own:
+        if not content.captions_key:
+            continue
+        try:
+            await blobs.fetch_to_file(content.captions_key, scratch)
+        except BlobNotFound:
+            continue
+        name = f"media/{content.id}/captions.vtt"
+        await asyncio.to_thread(_copy_into, zipped, name, scratch, content.ready_at or content.created_at)
         scratch.unlink(missing_ok=True)
         files[content.id] = name
     return files
@@ -360,6 +383,7 @@ def _content(content: Content) -> dict[str, Any]:
         "capturedAt": content.captured_at,
         "capsuleId": content.capsule_id,
         "transcription": content.transcription,
+        "transcriptLanguage": content.transcript_language,
         "commentCount": content.comment_count,
         "reactions": dict(sorted(content.reactions.items())),
         "file": None,

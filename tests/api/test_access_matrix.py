@@ -38,7 +38,8 @@ from graphql import (
 from resolvers.adapters.broker import user_channel
 from resolvers.core.context import Context
 from schema import schema
-from store import items
+from store import items, keys
+from store.port import Update
 from tests.api.conftest import Api
 from tests.factories import capsule_rows, family_rows, join, make_family, settle, upload
 from tests.servers import until
@@ -250,6 +251,19 @@ async def build_world(api: Api) -> World:
     world.markers[pending] = {"adm", "rcp"}
     world.markers[opened] = {"mem"}
     world.markers[sealed] = {"adm"}
+    # What a transcription leaves on content (its text, language, captions), so that the
+    # fields that show it are checked against the rule like the rest.
+    for content_id, said, readers in ((note, "SpokenAX", READERS_A), (sealed, "SpokenSealedAX", {"adm"})):
+        await api.table.update(
+            Update(
+                keys.content(content_id),
+                set={
+                    "transcription": world.secret(said, readers),
+                    "transcriptLanguage": "es",
+                    "captionsKey": f"content/{content_id}/captions.vtt",
+                },
+            )
+        )
 
     # Family B: another family, with its own content, comment and capsule.
     fam_b = await make_family(api, "oadm", world.secret("FamBX", {"oadm"}), "OPEN", 1)
@@ -348,6 +362,8 @@ def variables_for(
         "content": {"id": ids.get(target)},
         "capsule": {"id": ids.get(target)},
         "searchTags": {"familyId": family, "prefix": "ta"},
+        # Title words: "NoteAX", "SealedAX" (adm's alone), "NoteBX".
+        "searchContent": {"familyId": family, "text": target.split(".")[-1]},
         "myTags": {"prefix": ""},
         "tagStatus": {"familyId": family, "setName": "SetSealed" if target == "A" else "SetA"},
         "contentStatusChanged": {"contentId": ids.get(target)},

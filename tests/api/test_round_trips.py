@@ -29,6 +29,9 @@ EXPECTED: dict[str, tuple[int, int]] = {
     "query `myCapsules`": (2, 2),
     "query `receivedCapsules`": (3, 3),
     "query `searchTags`": (3, 3),
+    # The family check, the index, then every hit's checks at once: the contents in one
+    # batch, one query per term and hit (2 terms x 3 hits).
+    "query `searchContent`": (9, 3),
     "query `myTags`": (1, 1),
     "query `tagStatus`": (1, 1),
     "query `notifications`": (4, 3),
