@@ -307,7 +307,7 @@ async def notifications_added(ctx: Context, after: str | None = None) -> AsyncIt
     with ctx.services.metrics.subscription("notificationAdded"):
         viewer = await ctx.viewer_id()
         seen = Seen()
-        async with _broker(ctx).subscribe(user_channel(viewer, "notifications")) as events:
+        async with _broker(ctx).subscribe(notifications.channel(viewer)) as events:
             if after is not None:
                 for note in await _notifications_after(ctx, viewer, after):
                     if seen.first_time(note.id):

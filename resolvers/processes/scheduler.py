@@ -42,11 +42,10 @@ from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
 from resolvers.domain import notifications
 from resolvers.domain.access import READERS
-from resolvers.domain.notifications import announce, notification_id
 from resolvers.domain.tags import unseal_ops
 from store import keys
-from store.enums import CapsuleStatus, ContentStatus, NotificationType
-from store.items import Capsule, Content, Notification, iso, parse_iso
+from store.enums import CapsuleStatus, ContentStatus
+from store.items import Capsule, Content, iso, parse_iso
 from store.port import (
     ConditionFailed,
     Exists,
@@ -324,23 +323,12 @@ class UnlockScheduler:
         # who are its MEMBERs or ADMINs now are told (a creator who was removed
         # is not, and a recipient who left is not).
         people = [p for p in dict.fromkeys([*capsule.recipient_ids, capsule.creator_id]) if p in readers]
-        notes = [
-            Notification(
-                user_id=user,
-                id=notification_id(NotificationType.CAPSULE_UNLOCKED, capsule.id, user),
-                type=NotificationType.CAPSULE_UNLOCKED,
-                created_at=unlocking_at,
-                family_id=capsule.family_id,
-                content_id=content.id,
-                capsule_id=capsule.id,
-            )
-            for user in people
-        ]
+        notes = notifications.unlocked_notes(capsule, content.id, people, unlocking_at)
         # Before the capsule opens, in replayable batches: a capsule of any size.
         # Each note is counted unread with it; a replay finds its note and
         # leaves it out, so nothing is written or counted twice.
         await asyncio.gather(
-            notifications.store(self.table, notes),
+            notifications.write(self.table, self.broker, notes, announce=False),
             self._stamp(capsule, [user for user in capsule.recipient_ids if user in readers], unlocking_at),
         )
         outbox = keys.unlock_outbox(iso(self.clock()), capsule.id, self.shards)
@@ -411,15 +399,7 @@ class UnlockScheduler:
                     )
                 )
                 events.append(
-                    (
-                        user_channel(user, "notifications"),
-                        {
-                            "kind": "notification",
-                            "userId": user,
-                            "createdAt": unlocked_at,
-                            "id": notification_id(NotificationType.CAPSULE_UNLOCKED, capsule_id, user),
-                        },
-                    )
+                    notifications.announcement(user, unlocked_at, notifications.unlocked_id(capsule_id, user))
                 )
             await broker.publish_many(events)
         await self.table.delete(outbox)
@@ -449,14 +429,7 @@ class UnlockScheduler:
     async def _tell_empty(self, capsule: Capsule, result: PassResult) -> None:
         if capsule.creator_told_empty:
             return
-        note = Notification(
-            user_id=capsule.creator_id,
-            id=notification_id(NotificationType.CAPSULE_EMPTY, capsule.id),
-            type=NotificationType.CAPSULE_EMPTY,
-            created_at=capsule.unlock_date,
-            family_id=capsule.family_id,
-            capsule_id=capsule.id,
-        )
+        note = notifications.empty_note(capsule)
         creator = await self.table.get(keys.member(capsule.family_id, capsule.creator_id))
         # A creator who is no longer in the family is not told; the flag is set
         # all the same, so no later pass asks again.
@@ -466,12 +439,9 @@ class UnlockScheduler:
                 capsule.key, set={"creatorToldEmpty": True}, condition=eq("status", CapsuleStatus.SCHEDULED)
             )
         ]
-        if tell:
-            ops += (await notifications.creation_ops(self.table, [note]))[1]
         try:
-            await self.table.transact(ops)
+            await notifications.write(self.table, self.broker, [note] if tell else [], beside=ops)
         except TransactionCancelled:
-            return  # told already, or its epoch moved: the next pass reads again
+            return  # told already: the flag is set
         if tell:
             result.told_empty += 1
-            await announce(self.broker, [note])
