@@ -148,7 +148,13 @@ def token(user_id: str, **claims: Any) -> str:
 
 
 def bench_settings(data_dir: Path, **changes: Any) -> Settings:
-    values: dict[str, Any] = {"data_dir": data_dir, "auth_secret": SECRET, "unlock_poll_seconds": 3600}
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "auth_secret": SECRET,
+        "unlock_poll_seconds": 3600,
+        # The typical calls register push devices there (tests/typical_calls.py).
+        "push_allowed_origins": ("http://127.0.0.1:9",),
+    }
     values.update(changes)
     return Settings(**values)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import strawberry
 
 from resolvers.core.pagination import page_size
-from resolvers.domain import capsules, exports, families, users
+from resolvers.domain import capsules, exports, families, push, users
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import tags as tag_resolvers
 from schema.account import DataExport
@@ -12,6 +12,7 @@ from schema.common import Info
 from schema.content import Content
 from schema.family import Family, FamilyMember
 from schema.notification import NotificationConnection, NotificationPage
+from schema.push import PushDevice
 from schema.tag import TagConnection, TagStatus, tag_connection
 from schema.user import User
 
@@ -58,6 +59,17 @@ class Query:
         self, info: Info, first: int | None = 20, after: str | None = None
     ) -> CapsuleConnection:
         return capsule_connection(await capsules.received_capsules(info.context, page_size(first, 20), after))
+
+    @strawberry.field(description="the viewer's devices that receive pushes, oldest first")
+    async def my_push_devices(self, info: Info) -> list[PushDevice]:
+        return [PushDevice(item=device) for device in await push.my_devices(info.context)]
+
+    @strawberry.field(
+        description="the server's VAPID public key (base64url), the applicationServerKey for "
+        "pushManager.subscribe; null when Web Push is off"
+    )
+    async def web_push_public_key(self, info: Info) -> str | None:
+        return await push.web_push_public_key(info.context)
 
     @strawberry.field
     async def notifications(

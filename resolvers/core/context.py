@@ -27,12 +27,15 @@ if TYPE_CHECKING:
 
     # Built above this module (they use it); named here for their types only.
     from resolvers.adapters.broker import Broker
+    from resolvers.adapters.sns import SnsPush
     from resolvers.adapters.transcribe import Transcriber
+    from resolvers.adapters.webpush import WebPushSender
     from resolvers.processes.accounts import AccountDeletions
     from resolvers.processes.exports import ExportBuilder
     from resolvers.processes.live import EventReads
     from resolvers.processes.mailer import Mailer
     from resolvers.processes.pipeline import Pipeline
+    from resolvers.processes.pusher import PushQueue
     from resolvers.processes.scheduler import UnlockScheduler
     from store.blobs import BlobStore
 
@@ -91,6 +94,10 @@ class Services:
     transcriber: Transcriber | None = None
     # Only when MIFAMILIAS_SMTP_URL is set (issue 15).
     mailer: Mailer | None = None
+    # Web Push, on by default; native push when an SNS platform application is set.
+    web_push: WebPushSender | None = None
+    native_push: SnsPush | None = None
+    pusher: PushQueue | None = None
     clock: Callable[[], datetime] = utc_now
     known_users: KnownUsers = field(default_factory=KnownUsers)
     metrics: Metrics = field(default_factory=Metrics.disabled)

@@ -556,7 +556,7 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
         # hears nothing more of it), and the author's unread epoch, asked for
         # beside the viewer's membership.
         ctx.loaders.ask(keys.member(content.family_id, content.author_id))
-        ctx.loaders.ask(keys.unread_counter(content.author_id, 0))
+        ctx.loaders.ask(*notifications.reads_for_user(content.author_id))
     content, membership = await readable_content(ctx, content_id)
     author = await ctx.loaders.item.load(keys.member(content.family_id, content.author_id))
     moment = ctx.services.now()

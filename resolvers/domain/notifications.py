@@ -168,31 +168,59 @@ def announcement(user_id: str, created_at: str, note_id: str) -> tuple[str, Even
     )
 
 
+# Where the push workers of every process hear of notes to push (they are in the
+# push outbox already; this only saves waiting for the next recovery scan).
+PUSH_CHANNEL = "push:outbox"
+
+
+def push_wake(notes: Sequence[tuple[str, str, str]]) -> tuple[str, Event]:
+    """The event that tells the push workers of new notes, each (user, createdAt, id)."""
+    return (PUSH_CHANNEL, {"kind": "push", "notes": [list(note) for note in notes]})
+
+
 async def _announce(broker: Broker | None, notes: Sequence[Notification]) -> None:
     if broker is None or not notes:
         return
-    await broker.publish_many([announcement(n.user_id, n.created_at, n.id) for n in notes])
+    await broker.publish_many(
+        [
+            *(announcement(n.user_id, n.created_at, n.id) for n in notes),
+            push_wake([(n.user_id, n.created_at, n.id) for n in notes]),
+        ]
+    )
 
 
 @dataclass(frozen=True)
 class Prepared:
     """What `write` reads before its transaction: each addressee's first
-    counter, and which of the notes are not written yet."""
+    counter, who of them has push devices, and which of the notes are not
+    written yet."""
 
     fresh: list[Notification]
     counters: dict[str, UnreadCounter]
+    with_devices: frozenset[str] = frozenset()
 
 
 def reads_for(notes: Sequence[Notification]) -> list[Key]:
-    """The counters `prepared_from` needs, for a caller to read them in a batch
-    of its own (for new notes only: their ids are new, so they are not there)."""
-    return [keys.unread_counter(user, 0) for user in dict.fromkeys(note.user_id for note in notes)]
+    """What `prepared_from` needs, for a caller to read it in a batch of its
+    own (for new notes only: their ids are new, so they are not there): each
+    addressee's first counter and device count."""
+    users = dict.fromkeys(note.user_id for note in notes)
+    return [key for user in users for key in reads_for_user(user)]
+
+
+def reads_for_user(user_id: str) -> tuple[Key, Key]:
+    return (keys.unread_counter(user_id, 0), keys.push_device_count(user_id))
 
 
 def prepared_from(notes: Sequence[Notification], found: Mapping[Key, Item | None]) -> Prepared:
     users = dict.fromkeys(note.user_id for note in notes)
     counters = {user: counters_of(user, [found.get(keys.unread_counter(user, 0))])[0] for user in users}
-    return Prepared([note for note in notes if found.get(note.key) is None], counters)
+    # Only a note to someone with a device goes in the push outbox (the count is
+    # read in the same batch as the epoch: no round trip of its own).
+    with_devices = frozenset(
+        user for user in users if int((found.get(keys.push_device_count(user)) or {}).get("count", 0)) > 0
+    )
+    return Prepared([note for note in notes if found.get(note.key) is None], counters, with_devices)
 
 
 async def prepare(table: Table, notes: Sequence[Notification]) -> Prepared:
@@ -208,7 +236,12 @@ def _creation_ops(prepared: Prepared) -> tuple[list[Notification], list[WriteOp]
     transaction their puts and counts (cancelled if a note is written or an
     epoch moves meanwhile)."""
     stamped = [
-        dataclasses.replace(note, epoch=prepared.counters[note.user_id].epoch) for note in prepared.fresh
+        dataclasses.replace(
+            note,
+            epoch=prepared.counters[note.user_id].epoch,
+            push_pending=note.user_id in prepared.with_devices,
+        )
+        for note in prepared.fresh
     ]
     added = Counter(note.user_id for note in stamped)
     puts: list[WriteOp] = [Put(note.to_item(), NotExists()) for note in stamped]

@@ -401,6 +401,8 @@ class UnlockScheduler:
                 events.append(
                     notifications.announcement(user, unlocked_at, notifications.unlocked_id(capsule_id, user))
                 )
+            told = [(user, unlocked_at, notifications.unlocked_id(capsule_id, user)) for user in people]
+            events.append(notifications.push_wake(told))
             await broker.publish_many(events)
         await self.table.delete(outbox)
 
