@@ -218,7 +218,9 @@ async def compose(
     stack.push_async_callback(pipeline.stop)
     exports = ExportBuilder(table=table, blobs=blobs, settings=settings, clock=clock)
     stack.push_async_callback(exports.stop)
-    accounts = AccountDeletions()
+    accounts = AccountDeletions(
+        table=table, clock=clock, lease=timedelta(seconds=settings.pipeline_lease_seconds)
+    )
     stack.push_async_callback(accounts.stop)
     web_push, native_push = await _open_push(settings, stack)
     pusher = PushQueue(
@@ -263,6 +265,8 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
     pipeline, scheduler = services.pipeline, services.scheduler
     await pipeline.start()
     await services.exports.start()
+    services.accounts.serve(services)
+    await services.accounts.start()
 
     async def archive_capsules() -> int:
         return await capsules.archive_viewed(services.table, services.now(), settings.capsule_retention_days)

@@ -7,9 +7,9 @@ has both `GSI1PK` and `GSI1SK` (or `GSI2PK` and `GSI2SK`), as in DynamoDB.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias, TypedDict, Unpack
 
 Item: TypeAlias = dict[str, Any]
 Key: TypeAlias = tuple[str, str]
@@ -225,3 +225,46 @@ class Table(Protocol):
     async def ping(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+# Walking a query ----------------------------------------------------------------
+
+PAGE_SIZE = 100
+
+
+class WalkOptions(TypedDict, total=False):
+    index: Index
+    descending: bool
+    page_size: int  # items read at a time (PAGE_SIZE when not given)
+
+
+async def pages(
+    table: Table, pk: str, sk: SortKey | None = None, **options: Unpack[WalkOptions]
+) -> AsyncIterator[list[Item]]:
+    """Every item a query matches, a page at a time (empty pages skipped). The
+    caller may stop early: nothing more is read than it asked for."""
+    index, descending = options.get("index", "table"), options.get("descending", False)
+    limit = options.get("page_size", PAGE_SIZE)
+    cursor: str | None = None
+    while True:
+        page = await table.query(pk, sk, index=index, descending=descending, limit=limit, cursor=cursor)
+        if page.items:
+            yield page.items
+        if page.cursor is None:
+            return
+        cursor = page.cursor
+
+
+async def every_item(
+    table: Table, pk: str, sk: SortKey | None = None, **options: Unpack[WalkOptions]
+) -> AsyncIterator[Item]:
+    """Every item a query matches, one at a time, reading a page ahead."""
+    async for found in pages(table, pk, sk, **options):
+        for item in found:
+            yield item
+
+
+async def all_items(
+    table: Table, pk: str, sk: SortKey | None = None, **options: Unpack[WalkOptions]
+) -> list[Item]:
+    return [item async for item in every_item(table, pk, sk, **options)]

@@ -6,11 +6,16 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Iterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from types import FrameType
 
 import pytest
 
+from store.dynamodb import create_table, open_dynamo_table
+from store.port import Table
+from store.sqlite import SqliteTable
 from tests.servers import SECRET, RedisProcess, ServerProcess, redis_answers, running_moto_server
 
 AWS_REGION = "us-east-1"
@@ -97,6 +102,25 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield redis.url
     finally:
         redis.stop()
+
+
+ENGINES = ["sqlite", "dynamodb"]
+
+
+@pytest.fixture(params=ENGINES)
+async def table(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Table]:
+    """An empty table of its own on each engine: SQLite, and DynamoDB on moto_server."""
+    if request.param == "sqlite":
+        sqlite = SqliteTable(tmp_path / "store.db")
+        yield sqlite
+        await sqlite.close()
+        return
+    endpoint: str = request.getfixturevalue("moto_server")
+    name = f"contract-{uuid.uuid4().hex[:12]}"
+    async with open_dynamo_table(name, endpoint, "us-east-1") as dynamo:
+        assert await create_table(dynamo.client, name) is True
+        yield dynamo
+        await dynamo.client.delete_table(TableName=name)
 
 
 def _print_tasks(signum: int, frame: FrameType | None) -> None:

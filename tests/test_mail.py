@@ -213,7 +213,8 @@ async def test_a_capsule_opening_is_mailed_once_to_each_recipient_who_chose_it(
     other = Mailer(table=api.table, settings=api.services.settings, clock=api.clock)
     outbox = (await api.table.query(keys.MAIL_OUTBOX_PK, index="GSI2")).items
     assert len(outbox) == 4  # ana, ben, cy, eli were told
-    await asyncio.gather(*(m.opening(item, MailPass()) for item in outbox for m in (mailer(api), other)))
+    openings = [(item["PK"], item["SK"]) for item in outbox]
+    await asyncio.gather(*(m.openings.run(key) for key in openings for m in (mailer(api), other)))
     await asyncio.gather(mailer(api).run_once(), other.run_once())
     assert [len(inbox.to(f"{p}@example.org")) for p in ("ana", "ben", "cy", "dora", "eli")] == [0, 1, 0, 0, 0]
     (message,) = inbox.to("ben@example.org")

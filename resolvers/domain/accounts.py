@@ -44,6 +44,7 @@ from datetime import timedelta
 
 from resolvers.core.context import Context
 from resolvers.core.errors import Conflict, Unauthenticated
+from resolvers.core.leases import Lease
 from resolvers.domain import families, footprint, notifications, tags
 from resolvers.domain.content import REACTOR_ATTR
 from store import keys
@@ -63,8 +64,6 @@ from store.items import (
     reaction_attr,
 )
 from store.port import (
-    Compare,
-    Condition,
     ConditionFailed,
     Delete,
     Exists,
@@ -74,8 +73,7 @@ from store.port import (
     TransactionCancelled,
     Update,
     WriteOp,
-    all_of,
-    any_of,
+    all_items,
     eq,
 )
 
@@ -174,45 +172,19 @@ async def _others(ctx: Context, family_id: str, user_id: str) -> bool:
 # The lease: who is working on a deletion now ----------------------------------------
 
 
-async def hold(ctx: Context, user_id: str, owner: str, *, taking_over: bool = False) -> bool:
-    """Takes or renews the marker's lease. A request always may (the person
-    asked now); the sweep only takes a lease that has run out. False when the
-    marker is gone or another holds it."""
-    now = ctx.services.now()
-    condition: Condition = Exists()
-    if taking_over:
-        condition = all_of(
-            Exists(),
-            any_of(
-                NotExists("leaseUntil"),
-                eq("leaseUntil", None),
-                Compare("leaseUntil", "<", iso(now)),
-                eq("leaseOwner", owner),
-            ),
-        )
-    try:
-        await ctx.table.update(
-            Update(
-                keys.account_deletion(user_id),
-                set={"leaseUntil": iso(now + lease_of(ctx)), "leaseOwner": owner},
-                condition=condition,
-            )
-        )
-    except ConditionFailed:
-        return False
-    return True
+async def hold(ctx: Context, user_id: str, owner: str) -> bool:
+    """Takes or renews the marker's lease, whoever held it: the request of the
+    person who asked just now, or the background run that took it over (every
+    step is conditional, so two runs at once do no harm). False when the marker
+    is gone: another run finished."""
+    return await Lease(owner, lease_of(ctx)).take(
+        ctx.table, keys.account_deletion(user_id), ctx.services.now()
+    )
 
 
 async def release(ctx: Context, user_id: str, owner: str) -> None:
     """Hands the lease back, so the next sweep takes the deletion up at once."""
-    with contextlib.suppress(ConditionFailed):
-        await ctx.table.update(
-            Update(
-                keys.account_deletion(user_id),
-                set={"leaseUntil": None, "leaseOwner": None},
-                condition=eq("leaseOwner", owner),
-            )
-        )
+    await Lease(owner, lease_of(ctx)).release(ctx.table, keys.account_deletion(user_id))
 
 
 # Finishing ---------------------------------------------------------------------------
@@ -299,7 +271,7 @@ async def _dissolve(ctx: Context, family: Family, membership: Membership) -> Non
         with contextlib.suppress(ConditionFailed):
             await ctx.table.put(Invite(family.invite_code, family.id).to_item(), NotExists())
         raise LastAdmin(family.name)
-    vouches = await footprint.everything(
+    vouches = await all_items(
         ctx.table, keys.family_pk(family.id), SortKey.begins_with(keys.vouch_prefix(membership.user_id))
     )
     await ctx.table.transact(
@@ -317,9 +289,7 @@ async def _dissolve(ctx: Context, family: Family, membership: Membership) -> Non
 
 async def _vouches_given(ctx: Context, user_id: str, family_ids: tuple[str, ...]) -> None:
     for family_id in family_ids:
-        found = await footprint.everything(
-            ctx.table, keys.family_pk(family_id), SortKey.begins_with(VOUCH_PREFIX)
-        )
+        found = await all_items(ctx.table, keys.family_pk(family_id), SortKey.begins_with(VOUCH_PREFIX))
         for item in found:
             if item.get("voucherId") != user_id:
                 continue
@@ -448,7 +418,7 @@ async def _family_feed(ctx: Context, user_id: str, family_id: str) -> None:
         for content, emojis in traces.reactors:
             await _remove_reactions(ctx, content, emojis, user_id)
     if dissolving:
-        rest = await footprint.everything(ctx.table, keys.family_pk(family_id))
+        rest = await all_items(ctx.table, keys.family_pk(family_id))
         await ctx.table.batch_write(deletes=[(i["PK"], i["SK"]) for i in rest if i["SK"] != "META"])
         await ctx.table.delete(keys.family(family_id))
 
@@ -508,7 +478,7 @@ async def purge_content(ctx: Context, content: Content) -> None:
 
 
 async def _delete_children(ctx: Context, content: Content) -> None:
-    children = await footprint.everything(ctx.table, keys.content_pk(content.id))
+    children = await all_items(ctx.table, keys.content_pk(content.id))
     # The tag summary leaves with the tags, in cleanup_ops's transaction.
     gone = [(i["PK"], i["SK"]) for i in children if i["SK"] not in ("META", keys.content_tags(content.id)[1])]
     if gone:
@@ -525,7 +495,7 @@ async def _own_partition(ctx: Context, marker: AccountDeletion) -> None:
     # Notifications and their unread counters go first, together, so the counters
     # never outlive a notification they count (nor miss one written meanwhile).
     await notifications.delete_all(ctx.table, marker.user_id)
-    found = await footprint.everything(ctx.table, keys.user_pk(marker.user_id))
+    found = await all_items(ctx.table, keys.user_pk(marker.user_id))
     files = [
         DataExport.from_item(item).blob_key
         for item in found

@@ -30,6 +30,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from resolvers.core import leases
 from resolvers.core.context import Context
 from resolvers.core.errors import not_found
 from resolvers.domain import footprint, notifications
@@ -39,7 +40,7 @@ from store.blobs import BlobNotFound, BlobStore
 from store.enums import ContentStatus, ExportStatus
 from store.items import Capsule, Comment, Content, DataExport, Family, Membership, User, iso, parse_iso
 from store.port import (
-    Compare,
+    Condition,
     ConditionFailed,
     Exists,
     Item,
@@ -48,8 +49,8 @@ from store.port import (
     Table,
     Update,
     all_of,
-    any_of,
     eq,
+    pages,
 )
 
 EXPORT_DAYS = 7
@@ -115,47 +116,13 @@ async def download_url(ctx: Context, export: DataExport) -> str | None:
 
 # The build's lease ------------------------------------------------------------------
 
-
-async def claim(
-    table: Table, user_id: str, export_id: str, owner: str, now: datetime, lease: timedelta
-) -> Item | None:
-    """Takes a PENDING export for `lease`, counting the attempt; None when it is
-    built, gone, or another process holds it."""
-    try:
-        return await table.update(
-            Update(
-                keys.data_export(user_id, export_id),
-                set={"leaseUntil": iso(now + lease), "leaseOwner": owner},
-                add={"attempts": 1},
-                condition=all_of(
-                    eq("status", ExportStatus.PENDING),
-                    any_of(
-                        NotExists("leaseUntil"), eq("leaseUntil", None), Compare("leaseUntil", "<", iso(now))
-                    ),
-                ),
-            )
-        )
-    except ConditionFailed:
-        return None
+# An export is built while it is PENDING (the lease spec's condition, in
+# `resolvers.processes.exports`).
+BUILDING = eq("status", ExportStatus.PENDING)
 
 
-def _held(owner: str) -> Any:
-    return all_of(eq("status", ExportStatus.PENDING), eq("leaseOwner", owner))
-
-
-async def renew(table: Table, export: DataExport, owner: str, now: datetime, lease: timedelta) -> bool:
-    try:
-        await table.update(Update(export.key, set={"leaseUntil": iso(now + lease)}, condition=_held(owner)))
-    except ConditionFailed:
-        return False
-    return True
-
-
-async def release(table: Table, export: DataExport, owner: str) -> None:
-    with contextlib.suppress(ConditionFailed):
-        await table.update(
-            Update(export.key, set={"leaseUntil": None, "leaseOwner": None}, condition=_held(owner))
-        )
+def _held(owner: str) -> Condition:
+    return all_of(BUILDING, leases.held_by(owner))
 
 
 async def _finish(table: Table, export: DataExport, owner: str, **changes: Any) -> bool:
@@ -163,9 +130,7 @@ async def _finish(table: Table, export: DataExport, owner: str, **changes: Any) 
     done = replace(export, **changes)
     fields = {name: value for name, value in done.to_item().items() if name not in ("PK", "SK", "type")}
     try:
-        await table.update(
-            Update(export.key, set={**fields, "leaseUntil": None, "leaseOwner": None}, condition=_held(owner))
-        )
+        await table.update(Update(export.key, set={**fields, **leases.CLEARED}, condition=_held(owner)))
     except ConditionFailed:
         return False
     return True
@@ -437,7 +402,7 @@ def _received(capsule: Capsule, viewed_at: str | None) -> dict[str, Any]:
 async def expire(table: Table, blobs: BlobStore, now: datetime) -> int:
     """Deletes the file, then the record, of every export past its time."""
     expired = 0
-    async for found in footprint.pages(table, keys.EXPORTS_EXPIRY_PK, SortKey("<", iso(now)), index="GSI2"):
+    async for found in pages(table, keys.EXPORTS_EXPIRY_PK, SortKey("<", iso(now)), index="GSI2"):
         for item in found:
             export = DataExport.from_item(item)
             if export.blob_key:

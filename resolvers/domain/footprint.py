@@ -20,34 +20,12 @@ from dataclasses import dataclass, field
 from resolvers.domain.content import REACTOR_ATTR
 from store import keys
 from store.items import Capsule, Comment, Content, Notification, Recipient, Tag, UserFamily
-from store.port import Index, Item, SortKey, Table
-
-PAGE = 100
-
-
-async def pages(
-    table: Table, pk: str, sk: SortKey | None = None, *, index: Index = "table"
-) -> AsyncIterator[list[Item]]:
-    """Every item of a partition, a page at a time."""
-    cursor: str | None = None
-    while True:
-        page = await table.query(pk, sk, index=index, limit=PAGE, cursor=cursor)
-        if page.items:
-            yield page.items
-        if page.cursor is None:
-            return
-        cursor = page.cursor
-
-
-async def everything(
-    table: Table, pk: str, sk: SortKey | None = None, *, index: Index = "table"
-) -> list[Item]:
-    return [item async for found in pages(table, pk, sk, index=index) for item in found]
+from store.port import SortKey, Table, all_items, pages
 
 
 async def family_ids(table: Table, user_id: str) -> list[str]:
     """The families the person belongs to now, in any role (from their mirrors)."""
-    found = await everything(table, keys.user_pk(user_id), SortKey.begins_with(keys.USER_FAMILY_PREFIX))
+    found = await all_items(table, keys.user_pk(user_id), SortKey.begins_with(keys.USER_FAMILY_PREFIX))
     return [UserFamily.from_item(item).family_id for item in found]
 
 
@@ -77,12 +55,12 @@ async def reactors(table: Table, contents: list[Content], user_id: str) -> list[
 async def comments_by(table: Table, content: Content, user_id: str) -> list[Comment]:
     if content.comment_count <= 0:
         return []
-    found = await everything(table, keys.content_pk(content.id), SortKey.begins_with(keys.COMMENT_PREFIX))
+    found = await all_items(table, keys.content_pk(content.id), SortKey.begins_with(keys.COMMENT_PREFIX))
     return [Comment.from_item(item) for item in found if item.get("authorId") == user_id]
 
 
 async def capsules_created(table: Table, user_id: str) -> list[Capsule]:
-    found = await everything(
+    found = await all_items(
         table, keys.user_pk(user_id), SortKey.begins_with(keys.CAPSULE_PREFIX), index="GSI1"
     )
     return [Capsule.from_item(item) for item in found]
@@ -90,19 +68,19 @@ async def capsules_created(table: Table, user_id: str) -> list[Capsule]:
 
 async def received(table: Table, user_id: str) -> list[Recipient]:
     """Recipient items the person may know of (SCHEDULED or later)."""
-    found = await everything(
+    found = await all_items(
         table, keys.user_pk(user_id), SortKey.begins_with(keys.RECEIVED_PREFIX), index="GSI1"
     )
     return [Recipient.from_item(item) for item in found]
 
 
 async def tags_by(table: Table, user_id: str) -> list[Tag]:
-    found = await everything(table, keys.my_tags_pk(user_id), index="GSI2")
+    found = await all_items(table, keys.my_tags_pk(user_id), index="GSI2")
     return [Tag.from_item(item) for item in found]
 
 
 async def notifications_of(table: Table, user_id: str) -> list[Notification]:
-    found = await everything(table, keys.user_pk(user_id), SortKey.begins_with(keys.NOTIFICATION_PREFIX))
+    found = await all_items(table, keys.user_pk(user_id), SortKey.begins_with(keys.NOTIFICATION_PREFIX))
     return [Notification.from_item(item) for item in found]
 
 

@@ -30,21 +30,20 @@ from urllib.parse import urlencode
 
 from itsdangerous import BadSignature, URLSafeSerializer
 
+from resolvers.core import leases
 from resolvers.domain.access import READERS
 from store import keys
 from store.enums import DIGESTS, CapsuleStatus, ContentStatus, EmailPreference, MailState, NotificationType
 from store.items import Capsule, Content, DigestMarker, Family, Notification, User, digest_index, iso
 from store.port import (
-    Compare,
     Condition,
     ConditionFailed,
-    Exists,
-    Item,
     Key,
     NotExists,
     SortKey,
     Table,
     Update,
+    all_items,
     all_of,
     any_of,
     eq,
@@ -238,27 +237,9 @@ def capsule_message(
 # The capsule openings' outbox -----------------------------------------------------------
 
 
-async def claim_outbox(table: Table, item: Item, owner: str, now: datetime, lease: timedelta) -> Item | None:
-    """Takes one capsule opening's email (its notification) under a lease; None
-    when it is settled or another process holds it."""
-    now_iso = iso(now)
-    try:
-        return await table.update(
-            Update(
-                (item["PK"], item["SK"]),
-                set={"mailState": MailState.SENDING, "mailLeaseUntil": iso(now + lease), "mailOwner": owner},
-                add={"mailAttempts": 1},
-                condition=all_of(
-                    Exists(),
-                    any_of(
-                        NotExists("mailState"),
-                        all_of(eq("mailState", MailState.SENDING), Compare("mailLeaseUntil", "<", now_iso)),
-                    ),
-                ),
-            )
-        )
-    except ConditionFailed:
-        return None
+# An opening's email is still to send while its notification has no settled
+# state (SENDING: claimed before the claim became a lease like any other).
+UNSENT = any_of(NotExists("mailState"), eq("mailState", MailState.SENDING))
 
 
 async def settle_outbox(table: Table, key: Key, owner: str, state: str, now: datetime) -> bool:
@@ -268,9 +249,9 @@ async def settle_outbox(table: Table, key: Key, owner: str, state: str, now: dat
         await table.update(
             Update(
                 key,
-                set={"mailState": state, "mailSettledAt": iso(now)},
-                remove=["GSI2PK", "GSI2SK", "mailLeaseUntil"],
-                condition=eq("mailOwner", owner),
+                set={"mailState": state, "mailSettledAt": iso(now), **leases.CLEARED},
+                remove=["GSI2PK", "GSI2SK"],
+                condition=leases.held_by(owner),
             )
         )
     except ConditionFailed:
@@ -336,16 +317,8 @@ def parse_time(text: str) -> datetime:
 
 async def due_for_digest(table: Table, kind: str, until: datetime) -> list[User]:
     """People who chose `kind` and have not had the period ending at `until`."""
-    found: list[User] = []
-    cursor: str | None = None
-    while True:
-        page = await table.query(
-            keys.digest_pk(kind), SortKey("<", iso(until)), index="GSI2", limit=100, cursor=cursor
-        )
-        found += [User.from_item(item) for item in page.items]
-        if page.cursor is None:
-            return found
-        cursor = page.cursor
+    found = await all_items(table, keys.digest_pk(kind), SortKey("<", iso(until)), index="GSI2")
+    return [User.from_item(item) for item in found]
 
 
 async def claim_digest(
@@ -371,9 +344,10 @@ async def claim_digest(
     )
     if existing is None:
         condition: Condition = NotExists()
-    elif existing.get("state") == MailState.SENDING and str(existing.get("leaseUntil", "")) < iso(now):
+    elif existing.get("state") == MailState.SENDING and not leases.is_live(existing, now):
+        # Taken over as it was read: another process taking it meanwhile wins.
         condition = all_of(
-            eq("leaseOwner", existing.get("leaseOwner")), eq("attempts", existing.get("attempts"))
+            leases.held_by(existing.get(leases.OWNER)), eq("attempts", existing.get("attempts"))
         )
     else:
         if existing.get("state") != MailState.SENDING:
@@ -392,8 +366,8 @@ async def settle_digest(table: Table, marker: DigestMarker, state: str, user: Us
             Update(
                 marker.key,
                 set={"state": state, "settledAt": iso(now)},
-                remove=["leaseUntil"],
-                condition=eq("leaseOwner", marker.lease_owner),
+                remove=[leases.UNTIL],
+                condition=leases.held_by(marker.lease_owner),
             )
         )
     except ConditionFailed:
@@ -434,19 +408,8 @@ async def digest_lines(table: Table, user: User, since: str, until: str) -> Dige
     """The person's notifications of the period, each checked again now: they
     may still read the family, the content is in the feed (never sealed), the
     capsule is open."""
-    notes: list[Notification] = []
-    cursor: str | None = None
-    while True:
-        page = await table.query(
-            keys.user_pk(user.id),
-            SortKey.between(keys.NOTIFICATION_PREFIX + since, keys.NOTIFICATION_PREFIX + until),
-            limit=100,
-            cursor=cursor,
-        )
-        notes += [Notification.from_item(item) for item in page.items]
-        if page.cursor is None:
-            break
-        cursor = page.cursor
+    period = SortKey.between(keys.NOTIFICATION_PREFIX + since, keys.NOTIFICATION_PREFIX + until)
+    notes = [Notification.from_item(item) for item in await all_items(table, keys.user_pk(user.id), period)]
     notes = [note for note in notes if note.type in DIGESTED and note.family_id and note.created_at < until]
     wanted: set[Key] = set()
     for note in notes:

@@ -51,6 +51,7 @@ from store.port import (
     WriteOp,
     all_of,
     eq,
+    every_item,
     op_key,
 )
 
@@ -558,16 +559,12 @@ async def delete_all(table: Table, user_id: str) -> None:
     wanted = counter_keys(user_id)
     for _ in range(ATTEMPTS):
         found = await table.batch_get(wanted)
-        notes: list[Key] = []
-        cursor: str | None = None
-        while True:
-            page = await table.query(
-                keys.user_pk(user_id), SortKey.begins_with(keys.NOTIFICATION_PREFIX), cursor=cursor
+        notes: list[Key] = [
+            (item["PK"], item["SK"])
+            async for item in every_item(
+                table, keys.user_pk(user_id), SortKey.begins_with(keys.NOTIFICATION_PREFIX)
             )
-            notes += [(item["PK"], item["SK"]) for item in page.items]
-            if page.cursor is None:
-                break
-            cursor = page.cursor
+        ]
         if notes:
             await table.batch_write(deletes=notes)
         try:

@@ -1,25 +1,29 @@
 """Account deletions that did not finish where they started: a request that
 ran out of time, a process that died halfway. The steps themselves live in
-`resolvers.domain.accounts`; this runs them again, in the background.
+`resolvers.domain.accounts`; this runs them again, in the background, on a
+leased queue (`resolvers.processes.leased`).
 
-The sweep reads the markers (GSI2 `ACCOUNT_DELETIONS`) every recovery interval
-and takes over those whose lease has run out, so two processes never work the
-same deletion at once by choice (and if they do, every step is conditional).
+The recovery pass reads the markers (GSI2 `ACCOUNT_DELETIONS`) every recovery
+interval and takes over those whose lease has run out, so two processes never
+work the same deletion at once by choice (and if they do, every step is
+conditional).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import uuid
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from resolvers.core.context import Context
 from resolvers.core.errors import Conflict
 from resolvers.domain import accounts
+from resolvers.processes.leased import Claim, LeasedJob, LeaseSpec, cancelling
 from store import keys
-from store.items import AccountDeletion, iso
+from store.items import AccountDeletion
+from store.port import Table
 
 if TYPE_CHECKING:
     from resolvers.core.context import Services
@@ -27,10 +31,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("mifamilias.accounts")
 
 
-class AccountDeletions:
-    def __init__(self) -> None:
-        self.owner = uuid.uuid4().hex
-        self._tasks: set[asyncio.Task[None]] = set()
+class AccountDeletions(LeasedJob):
+    SPEC = LeaseSpec("account-deletions", recover_from=keys.ACCOUNT_DELETIONS_PK)
+
+    def __init__(self, *, table: Table, clock: Callable[[], datetime], lease: timedelta) -> None:
+        super().__init__(table=table, clock=clock, lease=lease)
+        # The services a background run works with, given when the workers start.
+        self._services: Services | None = None
+
+    def serve(self, services: Services) -> None:
+        self._services = services
 
     async def finish(self, ctx: Context, user_id: str) -> bool:
         """Finishes the person's deletion now, if one is under way (before
@@ -47,57 +57,26 @@ class AccountDeletions:
 
     def resume(self, services: Services, user_id: str) -> None:
         """Finishes the deletion in the background, beside the requests."""
-        task = asyncio.create_task(self._resume(services, user_id), name=f"account-deletion-{user_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _resume(self, services: Services, user_id: str) -> None:
-        ctx = Context(services=services)
-        try:
-            if await accounts.hold(ctx, user_id, self.owner, taking_over=True):
-                await accounts.finish_pending(ctx, user_id, self.owner)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("account %s: the deletion stopped; the sweep tries again", user_id)
-            await accounts.release(ctx, user_id, self.owner)
+        self._services = self._services or services
+        self.jobs.submit(keys.account_deletion(user_id))
 
     async def sweep(self, services: Services) -> int:
-        """Takes over every deletion nobody holds; returns how many it finished."""
-        ctx = Context(services=services)
-        now = iso(services.now())
-        finished = 0
-        cursor: str | None = None
-        while True:
-            page = await services.table.query(
-                keys.ACCOUNT_DELETIONS_PK, index="GSI2", limit=100, cursor=cursor
-            )
-            for item in page.items:
-                marker = AccountDeletion.from_item(item)
-                if marker.lease_until and marker.lease_until > now:
-                    continue
-                if not await accounts.hold(ctx, marker.user_id, self.owner, taking_over=True):
-                    continue  # another process took it first
-                try:
-                    await accounts.finish_pending(ctx, marker.user_id, self.owner)
-                    finished += 1
-                except Exception:
-                    log.exception(
-                        "account %s: the deletion stopped; the next sweep tries again", marker.user_id
-                    )
-                    await accounts.release(ctx, marker.user_id, self.owner)
-            if page.cursor is None:
-                return finished
-            cursor = page.cursor
+        """Takes over every deletion nobody holds, here and now; how many it took."""
+        self._services = self._services or services
+        return await self.jobs.run_due()
 
     async def idle(self) -> None:
         """Waits for the deletions this process finishes in the background."""
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.jobs.queue.join()
 
-    async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    async def process(self, claim: Claim) -> None:
+        assert self._services is not None, "the account deletions run once the services are built"
+        ctx = Context(services=self._services)
+        user_id = AccountDeletion.from_item(claim.item).user_id
+        try:
+            await accounts.finish_pending(ctx, user_id, self.owner)
+        except Exception:
+            if cancelling():
+                raise
+            log.exception("account %s: the deletion stopped; the next sweep tries again", user_id)
+            await accounts.release(ctx, user_id, self.owner)

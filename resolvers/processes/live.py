@@ -30,7 +30,7 @@ from resolvers.domain.notifications import notification_id
 from store import keys
 from store.enums import NotificationType
 from store.items import Capsule, Content, Notification
-from store.port import Item, SortKey
+from store.port import Item, SortKey, every_item
 
 log = logging.getLogger("mifamilias.live")
 
@@ -232,16 +232,12 @@ async def _notifications_after(ctx: Context, viewer: str, after: str) -> list[No
             "subscribe without `after` and refetch what you missed"
         )
     newer: list[Notification] = []
-    cursor: str | None = None
-    while len(newer) < REPLAY_LIMIT:
-        page = await ctx.table.query(pk, prefix, descending=True, limit=100, cursor=cursor)
-        for item in page.items:
-            if item["id"] == after:
-                return newer[::-1]
-            newer.append(Notification.from_item(item))
-        if page.cursor is None:
+    async for item in every_item(ctx.table, pk, prefix, descending=True):
+        if item["id"] == after:
+            return newer[::-1]
+        if len(newer) == REPLAY_LIMIT:
             break
-        cursor = page.cursor
+        newer.append(Notification.from_item(item))
     raise BadInput(
         f"after: no event {after!r} among your last {REPLAY_LIMIT} notifications; "
         "subscribe without `after` and refetch what you missed"

@@ -1,11 +1,11 @@
-"""The mailer (issue 15): it runs in every server process when
+"""The mailer: it runs in every server process when
 MIFAMILIAS_SMTP_URL is set; conditional writes make each email go out once
 however many run.
 
 One pass:
 1. The outbox (GSI2 `MAIL_OUTBOX`): each capsule opening's notification is
-   claimed under a lease (a conditional write), then sent or skipped, then
-   marked and taken out of the outbox (a write conditioned on the lease).
+   claimed under a lease (`resolvers.processes.leased`), then sent or skipped,
+   then marked and taken out of the outbox (a write conditioned on the lease).
 2. Each digest kind (DAILY, WEEKLY): the people due (GSI2 `EMAIL_DIGEST#<kind>`,
    sorted by the end of their last period) each get a marker for the period,
    put with a condition; only its writer sends, then marks it and moves the
@@ -19,7 +19,6 @@ lease that runs out; the next process sends again, with the same Message-ID
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -30,12 +29,15 @@ from typing import Protocol
 from resolvers.adapters.smtp import SmtpSender, Undeliverable
 from resolvers.core.config import Settings
 from resolvers.domain import mail
+from resolvers.processes.leased import Claim, LeasedQueue, LeaseSpec
 from store import keys
 from store.enums import DIGESTS, MailState
-from store.items import Notification, User, iso
-from store.port import Item, Table
+from store.items import Notification, User
+from store.port import Table
 
 log = logging.getLogger("mifamilias.mailer")
+
+OUTBOX = LeaseSpec("mail", recover_from=keys.MAIL_OUTBOX_PK, claimable=mail.UNSENT, count_attempts=True)
 
 # Longer than one send can take (SMTP_TIMEOUT 30 s, plus the reads around it),
 # so a lease runs out only when its process has stopped.
@@ -69,7 +71,10 @@ class Mailer:
             raise ValueError("the mailer needs MIFAMILIAS_SMTP_URL and MIFAMILIAS_MAIL_FROM")
         self.table = table
         self.clock = clock
-        self.owner = uuid.uuid4().hex
+        # Capsule openings' emails: each notification in the outbox, leased.
+        self.openings = LeasedQueue(OUTBOX, table=table, clock=clock, lease=LEASE, handle=self.opening)
+        self.owner = self.openings.owner
+        self._done = MailPass()
         self.sender: Sender = sender or SmtpSender(target, parseaddr(settings.mail_from)[1])
         self.head = mail.Letterhead(
             sender=settings.mail_from,
@@ -89,26 +94,15 @@ class Mailer:
     # Capsule openings ------------------------------------------------------------------
 
     async def outbox(self, done: MailPass) -> None:
-        cursor: str | None = None
-        while True:
-            page = await self.table.query(keys.MAIL_OUTBOX_PK, index="GSI2", limit=100, cursor=cursor)
-            for item in page.items:
-                lease = item.get("mailLeaseUntil")
-                if lease and lease > iso(self.clock()):
-                    continue  # another process is on it
-                await self.opening(item, done)
-            if page.cursor is None:
-                return
-            cursor = page.cursor
+        self._done = done
+        await self.openings.run_due()
 
-    async def opening(self, item: Item, done: MailPass) -> None:
-        """One capsule opening's email, from its outbox item as a query read it."""
-        claimed = await mail.claim_outbox(self.table, item, self.owner, self.clock(), LEASE)
-        if claimed is None:
-            return
-        key = (claimed["PK"], claimed["SK"])
+    async def opening(self, claim: Claim) -> None:
+        """One capsule opening's email, from its claimed outbox item."""
+        done = self._done
+        key, claimed = claim.key, claim.item
         note = Notification.from_item(claimed)
-        if int(claimed.get("mailAttempts", 1)) > mail.MAX_ATTEMPTS:
+        if claim.attempts > mail.MAX_ATTEMPTS:
             await mail.settle_outbox(self.table, key, self.owner, MailState.FAILED, self.clock())
             done.failed += 1
             log.error("mail: gave up on the capsule email to %s", note.user_id)

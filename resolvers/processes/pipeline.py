@@ -27,7 +27,6 @@ import contextlib
 import logging
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,24 +36,21 @@ from typing import TYPE_CHECKING, Any
 from resolvers.adapters import media
 from resolvers.adapters.broker import Broker
 from resolvers.adapters.transcribe import Transcriber, TranscriptionError
+from resolvers.core import leases
 from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
 from resolvers.domain import notifications
 from resolvers.domain.content import original_key, publish_status
-from resolvers.processes.workers import cancelling
+from resolvers.processes.leased import Claim, LeasedJob, LeaseSpec, cancelling
 from store import keys
 from store.blobs import BlobStore
 from store.enums import ContentStatus, ContentType
 from store.items import IN_PIPELINE, Content, iso
 from store.port import (
-    Compare,
     ConditionFailed,
     Item,
-    NotExists,
     SortKey,
     Table,
-    Update,
-    all_of,
     any_of,
     eq,
 )
@@ -64,7 +60,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mifamilias.pipeline")
 
-QUEUE_SIZE = 100
 # The kinds that pass through TRANSCRIBING: those that can carry speech.
 TRANSCRIBED = frozenset({ContentType.VIDEO, ContentType.AUDIO})
 
@@ -85,7 +80,14 @@ class Outputs:
     captured_at: str | None = None
 
 
-class Pipeline:
+class Pipeline(LeasedJob):
+    # Content is worked on while it is in one of the pipeline's states.
+    SPEC = LeaseSpec(
+        "pipeline",
+        recover_from=keys.PIPELINE_PK,
+        claimable=any_of(*(eq("status", status) for status in IN_PIPELINE)),
+    )
+
     def __init__(
         self,
         *,
@@ -98,163 +100,58 @@ class Pipeline:
         metrics: Metrics | None = None,
         tracer: Tracer | None = None,
     ) -> None:
-        self.table = table
+        super().__init__(
+            table=table,
+            clock=clock,
+            lease=timedelta(seconds=settings.pipeline_lease_seconds),
+            workers=settings.pipeline_workers,
+        )
         self.blobs = blobs
         self.broker = broker
-        self.clock = clock
-        self.workers = settings.pipeline_workers
         self.transcriber = transcriber
         self.keep_original_metadata = settings.keep_original_metadata
-        self.queue: asyncio.Queue[str] = asyncio.Queue(QUEUE_SIZE)
-        self._tasks: list[asyncio.Task[None]] = []
-        self._queued: set[str] = set()
-        self.lease = timedelta(seconds=settings.pipeline_lease_seconds)
-        # Whose lease it is: renewals and releases touch only this process's own.
-        self.owner = uuid.uuid4().hex
-        # Content whose lease this process may hold: noted before the claim (a
-        # claim cancelled on its way may still have landed), left noted when the
-        # work is cancelled, so that `stop` hands the lease back.
-        self._holding: set[str] = set()
         self.metrics = metrics or Metrics.disabled()
         self.tracer = tracer
         self.metrics.watch_queue(self.queue.qsize)
 
-    # Running --------------------------------------------------------------------
-
     def submit(self, content_id: str) -> None:
         """Never blocks: when the queue is full the content waits in the
         PIPELINE index for the next recovery pass."""
-        if content_id in self._queued:
-            return
-        try:
-            self.queue.put_nowait(content_id)
-        except asyncio.QueueFull:
-            log.warning("pipeline queue full; content %s waits for the next recovery pass", content_id)
-            return
-        self._queued.add(content_id)
-
-    async def start(self) -> None:
-        # Recovery runs from the periodic job, which starts at once.
-        self._tasks = [asyncio.create_task(self._work(), name=f"pipeline-{n}") for n in range(self.workers)]
-
-    async def stop(self) -> None:
-        """Stops the workers, then hands back the leases their work held: a
-        conditional write clears the lease while it is still this process's, and
-        the content keeps the status it reached, so another process's recovery
-        pass takes it up from there at once. Safe to call twice."""
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks = []
-        for content_id in sorted(self._holding):
-            await self._release(content_id)
-            self._holding.discard(content_id)
-
-    async def _release(self, content_id: str) -> None:
-        try:
-            await self.table.update(
-                Update(
-                    keys.content(content_id),
-                    set={"leaseUntil": None, "leaseOwner": None},
-                    condition=all_of(
-                        eq("leaseOwner", self.owner),
-                        any_of(*(eq("status", status) for status in IN_PIPELINE)),
-                    ),
-                )
-            )
-        except ConditionFailed:
-            return  # never claimed, finished, or no longer ours
-        except Exception:
-            log.exception("pipeline: could not hand back the lease of content %s", content_id)
-            return
-        log.info("pipeline: handed back content %s for another process to resume", content_id)
-
-    async def _work(self) -> None:
-        while True:
-            content_id = await self.queue.get()
-            self._queued.discard(content_id)
-            try:
-                await self.process(content_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                if cancelling():
-                    raise asyncio.CancelledError from None
-                log.exception("pipeline: unexpected failure on content %s", content_id)
-            finally:
-                self.queue.task_done()
-
-    async def recover(self) -> int:
-        """Queues what a crash, a shutdown or a full queue left mid-pipeline:
-        content with no lease (never claimed, or handed back) or a lease run out."""
-        found = 0
-        cursor: str | None = None
-        while True:
-            page = await self.table.query(keys.PIPELINE_PK, index="GSI2", limit=100, cursor=cursor)
-            for item in page.items:
-                lease = item.get("leaseUntil")
-                if lease and lease > iso(self.clock()):
-                    continue
-                self.submit(item["id"])
-                found += 1
-            if page.cursor is None or self.queue.full():
-                return found
-            cursor = page.cursor
+        self.jobs.submit(keys.content(content_id))
 
     # One content ----------------------------------------------------------------
 
-    async def process(self, content_id: str) -> None:
-        self._holding.add(content_id)
-        cancelled = False
-        try:
-            if self.tracer is None:
-                await self._process(content_id)
-            else:
-                with self.tracer.start_as_current_span(
-                    "pipeline job", attributes={"mifamilias.content.id": content_id}
-                ):
-                    await self._process(content_id)
-        except asyncio.CancelledError:
-            cancelled = True  # stays noted: `stop` hands the lease back
-            raise
-        finally:
-            if not cancelled:
-                self._holding.discard(content_id)
-
-    async def _process(self, content_id: str) -> None:
-        claimed = await self._claim(content_id)
-        if claimed is None:
+    async def process(self, claim: Claim) -> None:
+        if self.tracer is None:
+            await self._process(claim.item)
             return
-        heartbeat = asyncio.create_task(self._renew(content_id))
+        with self.tracer.start_as_current_span(
+            "pipeline job", attributes={"mifamilias.content.id": claim.item["id"]}
+        ):
+            await self._process(claim.item)
+
+    async def _process(self, claimed: Item) -> None:
+        content_id = claimed["id"]
         job = Job()
-        try:
-            with tempfile.TemporaryDirectory(prefix="mifamilias-") as workdir:
-                try:
-                    await self._walk(Content.from_item(claimed), claimed, Path(workdir), job)
-                except (media.MediaError, TranscriptionError) as error:
-                    detail = getattr(error, "detail", None)
-                    log.info("content %s failed: %s %s", content_id, error, detail or "")
-                    reason = "media" if isinstance(error, media.MediaError) else "transcription"
-                    self.metrics.pipeline_failed(job.step, reason)
-                    self.metrics.pipeline_job("failed")
-                    await self._fail(content_id, str(error))
-                except Exception:
-                    if cancelling():  # stopped mid-step: the content is not at fault
-                        raise asyncio.CancelledError from None
-                    log.exception("pipeline: content %s failed unexpectedly", content_id)
-                    self.metrics.pipeline_failed(job.step, "unexpected")
-                    self.metrics.pipeline_job("failed")
-                    await self._fail(content_id, "processing failed unexpectedly; retry later")
-                else:
-                    self.metrics.pipeline_job("ready")
-        finally:
-            heartbeat.cancel()
-            # Waits for the heartbeat to stop without swallowing a cancel of this
-            # task (`stop` cancelling the worker just now): suppressing
-            # CancelledError here would keep the worker alive and `stop` waiting.
-            await asyncio.gather(heartbeat, return_exceptions=True)
+        with tempfile.TemporaryDirectory(prefix="mifamilias-") as workdir:
+            try:
+                await self._walk(Content.from_item(claimed), claimed, Path(workdir), job)
+            except (media.MediaError, TranscriptionError) as error:
+                detail = getattr(error, "detail", None)
+                log.info("content %s failed: %s %s", content_id, error, detail or "")
+                reason = "media" if isinstance(error, media.MediaError) else "transcription"
+                self.metrics.pipeline_failed(job.step, reason)
+                self.metrics.pipeline_job("failed")
+                await self._fail(content_id, str(error))
+            except Exception:
+                if cancelling():  # stopped mid-step: the content is not at fault
+                    raise asyncio.CancelledError from None
+                log.exception("pipeline: content %s failed unexpectedly", content_id)
+                self.metrics.pipeline_failed(job.step, "unexpected")
+                self.metrics.pipeline_job("failed")
+                await self._fail(content_id, "processing failed unexpectedly; retry later")
+            else:
+                self.metrics.pipeline_job("ready")
 
     @contextlib.contextmanager
     def _step(self, job: Job, name: str) -> Iterator[None]:
@@ -272,56 +169,10 @@ class Pipeline:
         finally:
             self.metrics.pipeline_step_done(name, time.perf_counter() - started)
 
-    async def _renew(self, content_id: str) -> None:
-        """Keeps the lease while the work goes on: a third of it at a time."""
-        while True:
-            await asyncio.sleep(self.lease.total_seconds() / 3)
-            try:
-                await self.table.update(
-                    Update(
-                        keys.content(content_id),
-                        set={"leaseUntil": iso(self.clock() + self.lease)},
-                        condition=all_of(
-                            eq("leaseOwner", self.owner),
-                            any_of(*(eq("status", status) for status in IN_PIPELINE)),
-                        ),
-                    )
-                )
-            except ConditionFailed:
-                return  # done, gone, or no longer ours
-            except Exception:
-                log.exception("pipeline: could not renew the lease of content %s", content_id)
-
-    async def _claim(self, content_id: str) -> Item | None:
-        now = self.clock()
-        try:
-            item = await self.table.update(
-                Update(
-                    keys.content(content_id),
-                    set={"leaseUntil": iso(now + self.lease), "leaseOwner": self.owner},
-                    condition=all_of(
-                        any_of(
-                            eq("status", ContentStatus.PROCESSING),
-                            eq("status", ContentStatus.TRANSCODING),
-                            eq("status", ContentStatus.TRANSCRIBING),
-                        ),
-                        any_of(
-                            NotExists("leaseUntil"),
-                            eq("leaseUntil", None),
-                            Compare("leaseUntil", "<", iso(now)),
-                        ),
-                    ),
-                )
-            )
-        except ConditionFailed:
-            return None  # done, gone, or another process holds the lease
-        return item
-
     async def _move(self, content: Content, to: str, **changes: Any) -> Content:
         at = iso(self.clock())
         if to not in IN_PIPELINE:
-            changes["leaseUntil"] = None
-            changes["leaseOwner"] = None
+            changes.update(leases.CLEARED)
         item = await self.table.update(content.transition(to, at, **changes))
         moved = Content.from_item(item)
         await publish_status(self.broker, moved)

@@ -28,25 +28,16 @@ from typing import Protocol
 from resolvers.adapters.broker import Broker
 from resolvers.adapters.sns import NativeMessage, SnsPush
 from resolvers.adapters.webpush import Message, Refused, Subscription, WebPushSender
+from resolvers.core import leases
 from resolvers.core.config import Settings
+from resolvers.core.leases import Lease
 from resolvers.domain import notifications, push
 from resolvers.domain.access import READERS
+from resolvers.processes.leased import Claim, LeasedQueue, LeaseSpec
 from store import keys
 from store.enums import CapsuleStatus, NotificationType, PushPlatform
 from store.items import Capsule, Family, Membership, Notification, PushDevice, User, iso
-from store.port import (
-    Compare,
-    Condition,
-    ConditionFailed,
-    Exists,
-    Item,
-    NotExists,
-    Table,
-    Update,
-    all_of,
-    any_of,
-    eq,
-)
+from store.port import Condition, ConditionFailed, Exists, Item, Key, Table, Update, all_of, eq, every_item
 
 log = logging.getLogger("mifamilias.pusher")
 
@@ -316,14 +307,35 @@ async def _none() -> None:
 
 # Running ---------------------------------------------------------------------------------
 
-LEASE_UNTIL = "leaseUntil"
-LEASE_OWNER = "leaseOwner"
+# What a worker may claim: a note still in the push outbox.
+SPEC = LeaseSpec("push", claimable=eq("GSI1PK", keys.PUSH_OUTBOX_PK))
+
+
+@dataclass(frozen=True)
+class Holding:
+    """The lease of one claimed note, as the `Pusher` uses it."""
+
+    lease: Lease
+
+    def held(self) -> Condition:
+        return self.lease.held()
+
+    def finish(self, update: Update) -> Update:
+        """The note's last write: it lets go of the lease, if still ours."""
+        return Update(
+            update.key,
+            set={**update.set, **leases.CLEARED},
+            remove=update.remove,
+            add=update.add,
+            condition=all_of(update.condition, self.held()) if update.condition else self.held(),
+        )
 
 
 class PushQueue:
-    """Claims notes of the push outbox under a lease and hands them to the
-    `Pusher`; hears of new notes on the broker, and finds the rest (a process
-    that died, a note handed back for later) by scanning the outbox."""
+    """The push worker of one process: a leased queue of notes (the one
+    leased-worker primitive), fed by the broker's word of new notes and by a
+    scan of the push outbox (GSI1) for the rest: a process that died, a queue
+    that was full, a note handed back for later."""
 
     def __init__(
         self,
@@ -336,36 +348,40 @@ class PushQueue:
         workers: int,
         queue_size: int = 10_000,
     ) -> None:
-        import uuid
-
         self.pusher = pusher
         self.table = table
         self.broker = broker
         self.clock = clock
-        self.lease = lease
-        self.workers = workers
-        self.owner = uuid.uuid4().hex
-        self.queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue(queue_size)
-        self._queued: set[tuple[str, str]] = set()
-        self._tasks: list[asyncio.Task[None]] = []
+        self.jobs = LeasedQueue(
+            SPEC,
+            table=table,
+            clock=clock,
+            lease=lease,
+            handle=self._handle,
+            workers=workers,
+            queue_size=queue_size,
+        )
+        self.queue = self.jobs.queue
+        self._listener: asyncio.Task[None] | None = None
 
-    def submit(self, key: tuple[str, str]) -> None:
-        """Bounded and deduplicated; never blocks (a note left out is found by `recover`)."""
-        if key in self._queued or self.queue.full():
-            return
-        self._queued.add(key)
-        self.queue.put_nowait(key)
+    @property
+    def owner(self) -> str:
+        return self.jobs.owner
+
+    def submit(self, key: Key) -> None:
+        self.jobs.submit(key)
 
     async def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._work()) for _ in range(self.workers)]
-        if self.broker is not None:
-            self._tasks.append(asyncio.create_task(self._listen(self.broker)))
+        await self.jobs.start()
+        if self.broker is not None and self._listener is None:
+            self._listener = asyncio.create_task(self._listen(self.broker), name="push-listener")
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+            self._listener = None
+        await self.jobs.stop()
 
     async def _listen(self, broker: Broker) -> None:
         async with broker.subscribe(notifications.PUSH_CHANNEL) as events:
@@ -373,72 +389,31 @@ class PushQueue:
                 for user, created_at, note_id in event.get("notes", []):
                     self.submit(keys.notification(user, created_at, note_id))
 
-    async def _work(self) -> None:
-        while True:
-            key = await self.queue.get()
-            self._queued.discard(key)
-            try:
-                await self.run(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("push of %s failed; its lease runs out and it is tried again", key)
-            finally:
-                self.queue.task_done()
+    async def _handle(self, claim: Claim) -> None:
+        try:
+            await self.pusher.handle(claim.item, Holding(claim.lease))
+        except ConditionFailed:
+            log.warning("push of %s: its lease ran out while it was sent", claim.key[0])
 
-    def held(self) -> Condition:
-        return eq(LEASE_OWNER, self.owner)
+    async def run(self, key: Key) -> bool:
+        return await self.jobs.run(key)
 
-    def finish(self, update: Update) -> Update:
-        return Update(
-            update.key,
-            set={**update.set, LEASE_UNTIL: None, LEASE_OWNER: None},
-            remove=update.remove,
-            add=update.add,
-            condition=all_of(update.condition, self.held()) if update.condition else self.held(),
-        )
-
-    def _claimable(self, now: datetime) -> Condition:
-        moment = iso(now)
-        return all_of(
-            Exists(),
-            eq("GSI1PK", keys.PUSH_OUTBOX_PK),
-            any_of(NotExists(LEASE_UNTIL), eq(LEASE_UNTIL, None), Compare(LEASE_UNTIL, "<", moment)),
-            any_of(NotExists("pushRetryAt"), Compare("pushRetryAt", "<=", moment)),
-        )
-
-    async def run(self, key: tuple[str, str]) -> bool:
+    async def due(self) -> list[Key]:
+        """The notes of the push outbox that no live lease holds and that are
+        not waiting for a retry."""
         now = self.clock()
-        try:
-            item = await self.table.update(
-                Update(
-                    key,
-                    set={LEASE_UNTIL: iso(now + self.lease), LEASE_OWNER: self.owner},
-                    condition=self._claimable(now),
-                )
-            )
-        except ConditionFailed:
-            return False
-
-        try:
-            await self.pusher.handle(item, self)
-        except ConditionFailed:
-            log.warning("push of %s: its lease ran out while it was sent", key)
-        return True
+        moment = iso(now)
+        return [
+            (item["PK"], item["SK"])
+            async for item in every_item(self.table, keys.PUSH_OUTBOX_PK, index="GSI1")
+            if not leases.is_live(item, now) and str(item.get("pushRetryAt") or "") <= moment
+        ]
 
     async def recover(self) -> int:
-        now = self.clock()
         found = 0
-        cursor: str | None = None
-        while True:
-            page = await self.table.query(keys.PUSH_OUTBOX_PK, index="GSI1", limit=500, cursor=cursor)
-            for item in page.items:
-                lease = item.get(LEASE_UNTIL)
-                retry = item.get("pushRetryAt")
-                if (lease and str(lease) > iso(now)) or (retry and str(retry) > iso(now)):
-                    continue
-                self.submit((item["PK"], item["SK"]))
-                found += 1
-            if page.cursor is None:
-                return found
-            cursor = page.cursor
+        for key in await self.due():
+            if self.queue.full():
+                break
+            self.submit(key)
+            found += 1
+        return found

@@ -58,6 +58,7 @@ from store.port import (
     TransactionCancelled,
     Update,
     WriteOp,
+    all_items,
     any_of,
     eq,
 )
@@ -286,17 +287,8 @@ class UnlockScheduler:
         return reads
 
     async def _due(self, partition: str, until: str) -> list[Item]:
-        found: list[Item] = []
-        cursor: str | None = None
-        while True:
-            # The sort key starts with the unlock date: everything up to `until`.
-            page = await self.table.query(
-                partition, SortKey("<=", until + "~"), index="GSI2", limit=500, cursor=cursor
-            )
-            found += page.items
-            if page.cursor is None:
-                return found
-            cursor = page.cursor
+        # The sort key starts with the unlock date: everything up to `until`.
+        return await all_items(self.table, partition, SortKey("<=", until + "~"), index="GSI2", page_size=500)
 
     async def _win(self, capsule: Capsule, now_iso: str) -> Capsule | None:
         try:

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from resolvers.core.leases import Lease
 from resolvers.domain import exports
 from resolvers.processes.exports import ExportBuilder
 from store import keys
@@ -153,7 +154,9 @@ async def test_one_build_per_export_at_a_time(api: Api) -> None:
     export_id = (await api.ok(REQUEST, as_="ana"))["requestDataExport"]["id"]
     other = ExportBuilder(table=api.table, blobs=services.blobs, settings=services.settings, clock=api.clock)
     lease = timedelta(seconds=services.settings.pipeline_lease_seconds)
-    held = await exports.claim(api.table, "ana", export_id, "someone-else", api.clock(), lease)
+    someone_else = Lease("someone-else", lease)
+    export_key = keys.data_export("ana", export_id)
+    held = await someone_else.claim(api.table, export_key, api.clock(), when=exports.BUILDING)
     assert held is not None
     assert await other.build("ana", export_id) is False  # held: not built twice
     assert await other.recover() == 0
@@ -164,4 +167,5 @@ async def test_one_build_per_export_at_a_time(api: Api) -> None:
     found = (await api.ok(READ, {"id": export_id}, as_="ana"))["dataExport"]
     assert found["status"] == "READY"
     # The first holder, come back late, cannot finish it any more.
-    assert await exports.claim(api.table, "ana", export_id, "someone-else", api.clock(), lease) is None
+    assert await someone_else.claim(api.table, export_key, api.clock(), when=exports.BUILDING) is None
+    assert await someone_else.renew(api.table, export_key, api.clock()) is False

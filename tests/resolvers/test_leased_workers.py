@@ -1,81 +1,256 @@
-"""A leased worker stops when told to, wherever the stop lands.
+"""The leased-worker primitive (`resolvers.processes.leased`), on both engines.
 
-Two windows hung `stop()` (and a CI run): a worker's build has ended and its
-`finally` waits for the heartbeat task, and a cancel of the worker arriving
-then was swallowed (`suppress(CancelledError)` around that wait); or the
-build's own cleanup raises on the cancel (a zip closed while a thread still
-writes to it), replacing the CancelledError. Either way the worker went back
-to its queue. Each test makes the stop land in one window every time.
+A queue claims each item under a lease, once however often it is submitted;
+a process killed mid-job lets go when its lease runs out and another process
+finishes the item; a process that stops hands its leases back at once.
+
+Two windows hung `stop()` (and a CI run) before the primitive: a job has ended
+and its `finally` waits for the heartbeat task, and a cancel of the worker
+arriving then was swallowed; or the job's own cleanup raises on the cancel (a
+zip closed while a thread still writes to it), replacing the CancelledError.
+Either way the worker went back to its queue. Two tests make the stop land in
+each window every time.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from resolvers.core.config import Settings
-from resolvers.domain import exports
-from resolvers.processes.exports import ExportBuilder
-from store.blobs import LocalBlobStore
-from store.enums import ExportStatus
-from store.items import DataExport
+from resolvers.core import leases
+from resolvers.processes.leased import Claim, LeasedQueue, LeaseSpec
+from store.dynamodb import DynamoTable
+from store.port import Key, Table, Update, all_of, eq
 from store.sqlite import SqliteTable
+from tests.servers import until
+
+PARTITION = "JOBS"
+SPEC = LeaseSpec("jobs", recover_from=PARTITION, claimable=eq("state", "TODO"), count_attempts=True)
+LEASE = timedelta(seconds=60)
 
 
-def now() -> datetime:
-    return datetime(2026, 11, 30, tzinfo=UTC)
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 11, 30, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+
+def job_key(n: int) -> Key:
+    return (f"JOB#{n}", "JOB")
+
+
+async def add_job(table: Table, n: int) -> Key:
+    key = job_key(n)
+    await table.put({"PK": key[0], "SK": key[1], "state": "TODO", "GSI2PK": PARTITION, "GSI2SK": key[0]})
+    return key
+
+
+async def finish_job(table: Table, claim: Claim) -> None:
+    """A job's last write: done, out of the recovery partition, lease cleared,
+    while the lease is still the claimant's."""
+    await table.update(
+        Update(
+            claim.key,
+            set={"state": "DONE", **leases.CLEARED},
+            remove=["GSI2PK", "GSI2SK"],
+            condition=all_of(SPEC.claimable or eq("state", "TODO"), claim.lease.held()),
+        )
+    )
+
+
+def queue_of(table: Table, clock: Clock, handle: Callable[[Claim], Awaitable[None]]) -> LeasedQueue:
+    return LeasedQueue(SPEC, table=table, clock=clock, lease=LEASE, handle=handle)
 
 
 @pytest.fixture
-async def builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ExportBuilder]:
-    """An export builder whose claim always wins one pending export and whose
-    release writes nothing; the tests give it the build they need."""
+async def started() -> AsyncIterator[list[LeasedQueue]]:
+    """Queues a test starts, stopped at its end whatever happened."""
+    queues: list[LeasedQueue] = []
+    yield queues
+    for queue in queues:
+        await queue.stop()
 
-    async def claim(*_: Any) -> dict[str, Any]:
-        record = DataExport(
-            user_id="ana",
-            id="e1",
-            status=ExportStatus.PENDING,
-            requested_at="2026-11-30T00:00:00Z",
-            expires_at=0,
-        )
-        return record.to_item()
 
-    monkeypatch.setattr(exports, "claim", claim)
-    monkeypatch.setattr(exports, "release", lambda *_: asyncio.sleep(0))
-    table = SqliteTable(tmp_path / "table.sqlite3")
+async def test_each_item_is_claimed_once_however_often_it_is_submitted(
+    table: Table, started: list[LeasedQueue]
+) -> None:
+    clock = Clock()
+    handled: list[Key] = []
+
+    async def handle(claim: Claim) -> None:
+        handled.append(claim.key)
+        await finish_job(table, claim)
+
+    queue = queue_of(table, clock, handle)
+    keys = [await add_job(table, n) for n in range(3)]
+    for key in keys + keys:
+        queue.submit(key)
+    started.append(queue)
+    await queue.start()
+    await queue.queue.join()
+    assert sorted(handled) == sorted(keys)
+    for key in keys:
+        item = await table.get(key)
+        assert item is not None
+        assert item["state"] == "DONE"
+        assert item.get(leases.OWNER) is None
+        assert leases.attempts(item) == 1
+    assert await queue.recover() == 0  # nothing left in the partition
+    assert await queue.run(keys[0]) is False  # done: not claimable any more
+
+
+async def test_a_live_lease_keeps_other_processes_off_until_it_runs_out(table: Table) -> None:
+    clock = Clock()
+    key = await add_job(table, 1)
+    first = leases.Lease("first", LEASE)
+    assert await first.claim(table, key, clock(), when=SPEC.claimable, count=True) is not None
+    handled: list[Claim] = []
+
+    async def handle(claim: Claim) -> None:
+        handled.append(claim)
+        await finish_job(table, claim)
+
+    other = queue_of(table, clock, handle)
+    assert await other.recover() == 0
+    assert await other.run(key) is False
+    clock.now += LEASE + timedelta(seconds=1)  # the first holder died
+    assert await other.run_due() == 1
+    assert [claim.attempts for claim in handled] == [2]
+    # The first holder, back late, can neither renew nor finish.
+    assert await first.renew(table, key, clock()) is False
+    assert await first.release(table, key) is False
+
+
+async def test_stop_hands_the_leases_back_for_another_process_at_once(
+    table: Table, started: list[LeasedQueue]
+) -> None:
+    clock = Clock()
+    key = await add_job(table, 1)
+    working = asyncio.Event()
+
+    async def stuck(claim: Claim) -> None:
+        working.set()
+        await asyncio.Event().wait()
+
+    first = queue_of(table, clock, stuck)
+    await first.start()
+    first.submit(key)
+    await working.wait()
+    await first.stop()
+    item = await table.get(key)
+    assert item is not None and item.get(leases.OWNER) is None and item["state"] == "TODO"
+    finished = asyncio.Event()
+
+    async def handle(claim: Claim) -> None:
+        await finish_job(table, claim)
+        finished.set()
+
+    other = queue_of(table, clock, handle)
+    started.append(other)
+    await other.start()
+    assert await other.recover() == 1  # no wait for the lease to run out
+    await finished.wait()
+
+
+# A process SIGKILLed mid-job ---------------------------------------------------------
+
+CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from datetime import timedelta
+    from resolvers.processes.leased import LeasedQueue
+    from tests.resolvers.test_leased_workers import SPEC, LEASE, Clock, open_table
+
+    async def main() -> None:
+        table = await open_table(sys.argv[1], sys.argv[2])
+        async def hang(claim) -> None:
+            await asyncio.Event().wait()
+        queue = LeasedQueue(SPEC, table=table, clock=Clock(), lease=LEASE, handle=hang, owner="doomed")
+        await queue.run(("JOB#1", "JOB"))
+
+    asyncio.run(main())
+    """
+)
+
+
+async def open_table(engine: str, where: str) -> Table:
+    if engine == "sqlite":
+        return SqliteTable(Path(where))
+    endpoint, name = where.split("|")
+    return await DynamoTable.connect(name, endpoint, "us-east-1")
+
+
+def where_of(table: Table) -> tuple[str, str]:
+    if isinstance(table, SqliteTable):
+        return "sqlite", str(table.path)
+    assert isinstance(table, DynamoTable)
+    return "dynamodb", f"{table.client.meta.endpoint_url}|{table.table_name}"
+
+
+async def test_a_job_killed_mid_way_is_finished_by_another_process(table: Table) -> None:
+    clock = Clock()
+    key = await add_job(table, 1)
+    engine, where = where_of(table)
+    child = subprocess.Popen(  # noqa: ASYNC220  (started once; the test then polls the table)
+        [sys.executable, "-c", CHILD, engine, where], cwd=Path(__file__).parents[2], env=dict(os.environ)
+    )
     try:
-        yield ExportBuilder(
-            table=table,
-            blobs=LocalBlobStore(tmp_path / "blobs", "http://testserver", b"k" * 32),
-            settings=Settings(data_dir=tmp_path / "data", auth_secret="s" * 32),
-            clock=now,
-        )
+
+        async def claimed_by_child() -> bool:
+            item = await table.get(key)
+            return item is not None and item.get(leases.OWNER) == "doomed"
+
+        await until(claimed_by_child, what="the child's claim")
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
     finally:
-        await table.close()
+        if child.poll() is None:
+            child.kill()
+    handled: list[Claim] = []
+
+    async def handle(claim: Claim) -> None:
+        handled.append(claim)
+        await finish_job(table, claim)
+
+    other = queue_of(table, clock, handle)
+    assert await other.run_due() == 0  # its lease still runs
+    clock.now += LEASE + timedelta(seconds=1)
+    assert await other.run_due() == 1
+    item = await table.get(key)
+    assert item is not None and item["state"] == "DONE"
+    assert [claim.attempts for claim in handled] == [2]
 
 
-async def stopped(builder: ExportBuilder) -> bool:
+# Stopping, wherever the cancel lands ---------------------------------------------------
+
+
+async def stopped(queue: LeasedQueue) -> bool:
     """Whether `stop()` returns. A hang guard, not a speed claim: before the fixes
     it never did. (`wait`, not `wait_for`: the latter's own cancel would end the worker.)"""
-    stopping = asyncio.create_task(builder.stop())
+    stopping = asyncio.create_task(queue.stop())
     await asyncio.wait({stopping}, timeout=30)
     return stopping.done()
 
 
-async def test_stop_lands_while_the_heartbeat_winds_down(
-    builder: ExportBuilder, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_stop_lands_while_the_heartbeat_winds_down(tmp_path: Path, monkeypatch: Any) -> None:
+    table = SqliteTable(tmp_path / "table.sqlite3")
     beating = asyncio.Event()
     winding_down = asyncio.Event()
     never = asyncio.Event()
 
-    async def heartbeat(export: DataExport) -> None:
+    async def heartbeat(key: Key) -> None:
         beating.set()
         try:
             await never.wait()
@@ -84,40 +259,42 @@ async def test_stop_lands_while_the_heartbeat_winds_down(
             await never.wait()  # a second cancel (the worker's own) ends this
             raise
 
-    async def build(*_: Any) -> bool:
+    async def handle(claim: Claim) -> None:
         await beating.wait()
-        return True
 
-    monkeypatch.setattr(builder, "_renew", heartbeat)
-    monkeypatch.setattr(exports, "build", build)
-    await builder.start()
-    builder.submit("ana", "e1")
-    await winding_down.wait()
-    assert await stopped(builder)
+    queue = queue_of(table, Clock(), handle)
+    monkeypatch.setattr(queue, "_renew", heartbeat)
+    await queue.start()
+    queue.submit(await add_job(table, 1))
+    try:
+        await winding_down.wait()
+        assert await stopped(queue)
+    finally:
+        await table.close()
 
 
-async def test_stop_lands_while_a_cleanup_replaces_the_cancel(
-    builder: ExportBuilder, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The worker stops all the same, and the export is not failed."""
-    building = asyncio.Event()
+async def test_stop_lands_while_a_cleanup_replaces_the_cancel(tmp_path: Path) -> None:
+    """The worker stops all the same, and the handler's failure path is not taken."""
+    table = SqliteTable(tmp_path / "table.sqlite3")
+    working = asyncio.Event()
     failed: list[str] = []
 
-    async def build(*_: Any) -> bool:
-        building.set()
+    async def handle(claim: Claim) -> None:
+        working.set()
         try:
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             raise ValueError("can't close the ZIP file while there is an open writing handle") from None
-        return True
 
-    async def fail(*args: Any) -> None:
-        failed.append(str(args[-1]))
-
-    monkeypatch.setattr(exports, "build", build)
-    monkeypatch.setattr(exports, "fail", fail)
-    await builder.start()
-    builder.submit("ana", "e1")
-    await building.wait()
-    assert await stopped(builder)
-    assert failed == []
+    queue = queue_of(table, Clock(), handle)
+    await queue.start()
+    key = await add_job(table, 1)
+    queue.submit(key)
+    try:
+        await working.wait()
+        assert await stopped(queue)
+        assert failed == []
+        item = await table.get(key)
+        assert item is not None and item.get(leases.OWNER) is None  # handed back
+    finally:
+        await table.close()

@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,23 +37,6 @@ from store.port import (
     eq,
 )
 from store.sqlite import SqliteTable
-
-ENGINES = ["sqlite", "dynamodb"]
-
-
-@pytest.fixture(params=ENGINES)
-async def table(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Table]:
-    if request.param == "sqlite":
-        sqlite = SqliteTable(tmp_path / "store.db")
-        yield sqlite
-        await sqlite.close()
-        return
-    endpoint: str = request.getfixturevalue("moto_server")
-    name = f"contract-{uuid.uuid4().hex[:12]}"
-    async with open_dynamo_table(name, endpoint, "us-east-1") as dynamo:
-        assert await create_table(dynamo.client, name) is True
-        yield dynamo
-        await dynamo.client.delete_table(TableName=name)
 
 
 def key_of(item: Item) -> Key:

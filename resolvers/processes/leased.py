@@ -1,0 +1,272 @@
+"""Leased work queues: every background job that works on table items one at a
+time (the media pipeline, data exports, account deletions, emails) runs on one.
+
+A job names its items by key. `submit` puts a key on a bounded, deduplicated
+queue and never blocks: when the queue is full the item waits in its recovery
+partition (GSI2) for the next `recover` pass, which any process runs. A worker
+claims the item with a conditional write (`resolvers.core.leases`), renews the
+lease every third of its length while the handler works, and the handler's last
+write clears it. A process that dies lets go when the lease runs out; a process
+that stops on purpose hands back what it held (`stop`), so another process's
+next recovery pass resumes it at once.
+
+`stop` returns however the cancel lands: while the heartbeat winds down, or
+while a handler's cleanup raises an error of its own in place of the cancel (a
+zip closed while its writing thread still runs, say).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import ClassVar
+
+from resolvers.core import leases
+from resolvers.core.leases import Lease
+from store.port import Condition, Item, Key, Table, every_item
+
+log = logging.getLogger("mifamilias.leased")
+
+QUEUE_SIZE = 100
+
+
+@dataclass(frozen=True)
+class LeaseSpec:
+    """What a job leases: `claimable` is what an item must still be for the job
+    to claim, renew or hand it back (a status, say); `recover_from` is the GSI2
+    partition that lists its items not yet done; `count_attempts` counts every
+    claim on the item (`leases.attempts`)."""
+
+    name: str
+    recover_from: str | None = None
+    claimable: Condition | None = None
+    count_attempts: bool = False
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One claimed item, handed to the job's handler."""
+
+    key: Key
+    item: Item
+    lease: Lease
+
+    @property
+    def attempts(self) -> int:
+        return leases.attempts(self.item)
+
+
+Handler = Callable[[Claim], Awaitable[None]]
+
+
+def cancelling() -> bool:
+    """Whether this task has been asked to stop.
+
+    A cancel can arrive while a step is cleaning up after itself, and an
+    exception raised by that cleanup replaces the CancelledError. The worker
+    must still stop, or `stop()` waits for it for ever."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class LeasedQueue:
+    def __init__(
+        self,
+        spec: LeaseSpec,
+        *,
+        table: Table,
+        clock: Callable[[], datetime],
+        lease: timedelta,
+        handle: Handler,
+        workers: int = 1,
+        queue_size: int = QUEUE_SIZE,
+        owner: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.table = table
+        self.clock = clock
+        self.handle = handle
+        self.workers = workers
+        # Whose lease it is: renewals and releases touch only this process's own.
+        self.lease = Lease(owner or uuid.uuid4().hex, lease)
+        self.queue: asyncio.Queue[Key] = asyncio.Queue(queue_size)
+        self._queued: set[Key] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        # Items whose lease this process may hold: noted before the claim (a
+        # claim cancelled on its way may still have landed), left noted when
+        # the work is cancelled, so that `stop` hands the lease back.
+        self._holding: set[Key] = set()
+
+    @property
+    def owner(self) -> str:
+        return self.lease.owner
+
+    def held(self) -> Condition:
+        """The condition of a handler's last write: the lease is still ours."""
+        return self.lease.held()
+
+    # Running --------------------------------------------------------------------
+
+    def submit(self, key: Key) -> None:
+        """Never blocks: when the queue is full the item waits for recovery."""
+        if key in self._queued:
+            return
+        try:
+            self.queue.put_nowait(key)
+        except asyncio.QueueFull:
+            log.warning("%s queue full; %s waits for the next recovery pass", self.spec.name, key[0])
+            return
+        self._queued.add(key)
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._work(), name=f"{self.spec.name}-{n}") for n in range(self.workers)
+        ]
+
+    async def stop(self) -> None:
+        """Stops the workers, then hands back the leases their work held. Safe to
+        call twice."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        for key in sorted(self._holding):
+            try:
+                if await self.lease.release(self.table, key, when=self.spec.claimable):
+                    log.info("%s: handed back %s for another process to resume", self.spec.name, key[0])
+            except Exception:
+                log.exception("%s: could not hand back the lease of %s", self.spec.name, key[0])
+            self._holding.discard(key)
+
+    async def _work(self) -> None:
+        while True:
+            key = await self.queue.get()
+            self._queued.discard(key)
+            try:
+                await self.run(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                if cancelling():
+                    raise asyncio.CancelledError from None
+                log.exception("%s: unexpected failure on %s", self.spec.name, key[0])
+            finally:
+                self.queue.task_done()
+
+    async def due(self) -> list[Key]:
+        """The keys in the recovery partition that no live lease holds."""
+        if self.spec.recover_from is None:
+            return []
+        now = self.clock()
+        return [
+            (item["PK"], item["SK"])
+            async for item in every_item(self.table, self.spec.recover_from, index="GSI2")
+            if not leases.is_live(item, now)
+        ]
+
+    async def recover(self) -> int:
+        """Queues what a crash, a shutdown or a full queue left undone."""
+        found = 0
+        for key in await self.due():
+            if self.queue.full():
+                break
+            self.submit(key)
+            found += 1
+        return found
+
+    async def run_due(self) -> int:
+        """Runs what the recovery partition holds here and now, one at a time;
+        how many this process claimed."""
+        return sum([await self.run(key) for key in await self.due()])
+
+    # One item -------------------------------------------------------------------
+
+    async def run(self, key: Key) -> bool:
+        """Claims the item and hands it to the job; False when it was not ours
+        to take (done, gone, or held by another)."""
+        self._holding.add(key)
+        cancelled = False
+        try:
+            claimed = await self.lease.claim(
+                self.table, key, self.clock(), when=self.spec.claimable, count=self.spec.count_attempts
+            )
+            if claimed is None:
+                return False
+            heartbeat = asyncio.create_task(self._renew(key), name=f"{self.spec.name}-lease")
+            try:
+                await self.handle(Claim(key, claimed, self.lease))
+            except asyncio.CancelledError:
+                cancelled = True  # stays noted: `stop` hands the lease back
+                raise
+            except Exception:
+                if cancelling():  # stopped mid-step: the item is not at fault
+                    cancelled = True
+                    raise asyncio.CancelledError from None
+                raise
+            finally:
+                heartbeat.cancel()
+                # Waits for the heartbeat without swallowing a cancel of this
+                # task: suppressing CancelledError here would keep the worker
+                # alive and `stop` waiting for ever.
+                await asyncio.gather(heartbeat, return_exceptions=True)
+            return True
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            if not cancelled:
+                self._holding.discard(key)
+
+    async def _renew(self, key: Key) -> None:
+        """Keeps the lease while the work goes on: a third of it at a time."""
+        while True:
+            await asyncio.sleep(self.lease.length.total_seconds() / 3)
+            try:
+                if not await self.lease.renew(self.table, key, self.clock(), when=self.spec.claimable):
+                    return  # done, gone, or no longer ours
+            except Exception:
+                log.exception("%s: could not renew the lease of %s", self.spec.name, key[0])
+
+
+class LeasedJob:
+    """A background job on its own leased queue: a subclass names its `SPEC`
+    and handles one claimed item in `process`; submitting, the workers, stopping
+    and recovery are the queue's."""
+
+    SPEC: ClassVar[LeaseSpec]
+
+    def __init__(
+        self, *, table: Table, clock: Callable[[], datetime], lease: timedelta, workers: int = 1
+    ) -> None:
+        self.table = table
+        self.clock = clock
+        self.jobs = LeasedQueue(
+            self.SPEC, table=table, clock=clock, lease=lease, handle=self.process, workers=workers
+        )
+        self.queue = self.jobs.queue
+
+    @property
+    def owner(self) -> str:
+        return self.jobs.owner
+
+    async def process(self, claim: Claim) -> None:
+        raise NotImplementedError
+
+    async def start(self) -> None:
+        await self.jobs.start()
+
+    async def stop(self) -> None:
+        """Stops the workers and hands back the leases of work cut short. Safe to
+        call twice."""
+        await self.jobs.stop()
+
+    async def recover(self) -> int:
+        """Queues what a crash, a shutdown or a full queue left undone."""
+        return await self.jobs.recover()
