@@ -76,6 +76,28 @@ class PushService:
     # What to answer, per browser: a queue of (status, headers); 201 when empty.
     answers: dict[str, list[tuple[int, dict[str, str]]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Browsers whose next request is held before it is read, and the requests held.
+    gates: dict[str, threading.Event] = field(default_factory=dict)
+    held: list[str] = field(default_factory=list)
+
+    def hold_next(self, name: str) -> threading.Event:
+        """The next request to `name` waits, unread and unanswered, until the
+        event is set: as if the sender were cut off mid-send."""
+        with self.lock:
+            self.gates[name] = threading.Event()
+            return self.gates[name]
+
+    def gate(self, path: str) -> bool:
+        """False if the request was held (it is then dropped, never accepted)."""
+        name = path.rsplit("/", 1)[-1]
+        with self.lock:
+            gate = self.gates.pop(name, None)
+            if gate is not None:
+                self.held.append(name)
+        if gate is None:
+            return True
+        gate.wait(120)
+        return False
 
     def browser(self, name: str) -> Browser:
         found = Browser(
@@ -149,6 +171,9 @@ def running_push_service() -> Iterator[PushService]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
+            if not holder["service"].gate(self.path):
+                self.close_connection = True
+                return
             length = int(self.headers.get("Content-Length", "0"))
             body = self.rfile.read(length)
             headers = {k.lower(): v for k, v in self.headers.items()}
