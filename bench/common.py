@@ -54,6 +54,8 @@ class Sizes:
     scaleout_capsules: int = 39
     scaleout_rounds: int = 5
     scaleout_processes: int = 3
+    push_devices: int = 1000
+    push_rounds: int = 3
 
 
 FULL = Sizes()
@@ -75,6 +77,8 @@ QUICK = Sizes(
     scaleout_members=120,
     scaleout_capsules=13,
     scaleout_rounds=2,
+    push_devices=200,
+    push_rounds=2,
 )
 TINY = Sizes(
     exec_rounds=1,
@@ -95,6 +99,8 @@ TINY = Sizes(
     scaleout_capsules=3,
     scaleout_rounds=1,
     scaleout_processes=2,
+    push_devices=5,
+    push_rounds=1,
 )
 
 

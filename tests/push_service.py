@@ -79,6 +79,9 @@ class PushService:
     # Browsers whose next request is held before it is read, and the requests held.
     gates: dict[str, threading.Event] = field(default_factory=dict)
     held: list[str] = field(default_factory=list)
+    # False for the bench: every request is accepted and timed, unread.
+    verify: bool = True
+    accepted_at: list[float] = field(default_factory=list)
 
     def hold_next(self, name: str) -> threading.Event:
         """The next request to `name` waits, unread and unanswered, until the
@@ -116,6 +119,10 @@ class PushService:
 
     def handle(self, path: str, headers: dict[str, str], body: bytes) -> tuple[int, dict[str, str]]:
         name = path.rsplit("/", 1)[-1]
+        if not self.verify:
+            with self.lock:
+                self.accepted_at.append(time.monotonic())
+            return 201, {}
         browser = self.browsers.get(name)
         if browser is None:
             return 404, {}
@@ -166,10 +173,14 @@ class PushService:
 
 
 @contextlib.contextmanager
-def running_push_service() -> Iterator[PushService]:
+def running_push_service(verify: bool = True) -> Iterator[PushService]:
     holder: dict[str, PushService] = {}
 
     class Handler(BaseHTTPRequestHandler):
+        # Keep-alive, as push services do (HTTP/1.0 closes each connection,
+        # which a pooled client can find closed under its next request).
+        protocol_version = "HTTP/1.1"
+
         def do_POST(self) -> None:
             if not holder["service"].gate(self.path):
                 self.close_connection = True
@@ -188,7 +199,7 @@ def running_push_service() -> Iterator[PushService]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    service = PushService(f"http://127.0.0.1:{server.server_address[1]}")
+    service = PushService(f"http://127.0.0.1:{server.server_address[1]}", verify=verify)
     holder["service"] = service
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

@@ -308,3 +308,36 @@ async def test_comments_on_one_content_within_a_minute_are_one_push(api: Api, se
     await api.ok(COMMENT, {"id": post, "b": "un minuto después"}, as_="cy")
     await pushed(api)
     assert len(service.to("ana")) == 2
+
+
+async def test_an_endpoint_whose_host_now_resolves_privately_is_not_sent_to(
+    api: Api, service: PushService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: the host resolved publicly at registration and resolves to
+    loopback at the send; the send is refused before any connection."""
+    import asyncio
+    import socket
+
+    answers = {"push.rebind.example": "93.184.216.34"}
+    loop = asyncio.get_running_loop()
+    real = loop.getaddrinfo
+
+    async def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host in answers:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], port))]
+        return await real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
+    family_id = await family_with_members(api, "ana", ["ben"])
+    browser = service.browser("rebound")
+    given = {**browser.input(), "endpoint": "https://push.rebind.example/push/rebound"}
+    await api.ok(REGISTER, {"i": given}, as_="ben")
+    answers["push.rebind.example"] = "127.0.0.1"
+    connections: list[Any] = []
+    sender = api.services.web_push
+    monkeypatch.setattr(sender.client, "post", lambda *a, **k: connections.append(a))
+    await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    await pushed(api)
+    assert connections == []
+    assert [d["name"] for d in (await api.ok(DEVICES, as_="ben"))["myPushDevices"]] == ["rebound"]
