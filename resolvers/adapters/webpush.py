@@ -129,7 +129,7 @@ async def resolve(url: str, allowed: Sequence[str]) -> str | None:
         found = await asyncio.get_running_loop().getaddrinfo(
             host, parts.port or 443, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
         )
-    except (OSError, UnicodeError):
+    except (OSError, UnicodeError, ValueError):
         raise Refused("has a host that does not resolve") from None
     addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
     if not addresses:

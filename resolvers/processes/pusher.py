@@ -363,6 +363,7 @@ class PushQueue:
         )
         self.queue = self.jobs.queue
         self._listener: asyncio.Task[None] | None = None
+        self._running = False
 
     @property
     def owner(self) -> str:
@@ -372,11 +373,13 @@ class PushQueue:
         self.jobs.submit(key)
 
     async def start(self) -> None:
+        self._running = True
         await self.jobs.start()
         if self.broker is not None and self._listener is None:
             self._listener = asyncio.create_task(self._listen(self.broker), name="push-listener")
 
     async def stop(self) -> None:
+        self._running = False
         if self._listener is not None:
             self._listener.cancel()
             await asyncio.gather(self._listener, return_exceptions=True)
@@ -410,6 +413,9 @@ class PushQueue:
         ]
 
     async def recover(self) -> int:
+        """Queues what is due; nothing while stopped (its workers would not run it)."""
+        if not self._running:
+            return 0
         found = 0
         for key in await self.due():
             if self.queue.full():
