@@ -1,21 +1,24 @@
 """Web Push across two real server processes sharing one store (the SQLite
-file of one data directory): each device gets its push once, even when the
+file of one data directory, or a table on moto_server): each device gets its push once, even when the
 process that claimed the notification is SIGKILLed before its send got
 through. The push service (tests/push_service.py) checks VAPID against the
 servers' `webPushPublicKey` and decrypts every payload."""
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from resolvers.core.auth import mint_token
+from store import keys
+from store.dynamodb import open_dynamo_table
+from store.port import SortKey, all_items
+from store.sqlite import SqliteTable
 from tests.push_service import running_push_service
-from tests.servers import SECRET, ServerProcess, until
+from tests.servers import SECRET, ServerProcess, engine_env, until
 
 REGISTER = "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id } }"
 
@@ -34,21 +37,38 @@ async def call(
     return body["data"]
 
 
-def notes_of(data_dir: Path, person: str) -> list[dict[str, Any]]:
-    """The person's notifications as the store holds them (read beside the servers)."""
-    with sqlite3.connect(data_dir / "mifamilias.sqlite3", timeout=30) as db:
-        rows = db.execute(
-            "SELECT body FROM items WHERE pk = ? AND sk LIKE 'NOTIF#%'", (f"USER#{person}",)
-        ).fetchall()
-    return [json.loads(body) for (body,) in rows]
-
-
 async def test_once_per_device_across_two_processes_with_a_sigkill_between_claim_and_send(
-    tmp_path: Path,
+    tmp_path: Path, request: pytest.FixtureRequest, engine: str
 ) -> None:
     data_dir = tmp_path / "data"
+    async with engine_env(engine, request) as engine_vars:
+        if engine == "sqlite":
+            data_dir.mkdir(parents=True)
+            table: Any = SqliteTable(data_dir / "mifamilias.sqlite3")
+            try:
+                await run(tmp_path, data_dir, engine_vars, table)
+            finally:
+                await table.close()
+        else:
+            async with open_dynamo_table(
+                engine_vars["MIFAMILIAS_TABLE_NAME"], engine_vars["MIFAMILIAS_DYNAMODB_ENDPOINT"], "us-east-1"
+            ) as table:
+                await run(tmp_path, data_dir, engine_vars, table)
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+def engine(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+async def run(tmp_path: Path, data_dir: Path, engine_vars: dict[str, str], table: Any) -> None:
+    async def notes_of(person: str) -> list[dict[str, Any]]:
+        """The person's notifications as the store holds them (read beside the servers)."""
+        return await all_items(table, keys.user_pk(person), SortKey.begins_with(keys.NOTIFICATION_PREFIX))
+
     with running_push_service() as service:
         env = {
+            **engine_vars,
             "MIFAMILIAS_AUTH_SECRET": SECRET,
             "MIFAMILIAS_PUSH_ALLOWED_ORIGINS": service.origin,
             "MIFAMILIAS_PUSH_LEASE_SECONDS": "2",
@@ -87,17 +107,17 @@ async def test_once_per_device_across_two_processes_with_a_sigkill_between_claim
                     c=family["inviteCode"],
                 )
 
-                def laptop_recorded() -> bool:
-                    return any(
-                        devices["laptop"] in note.get("pushedTo", []) for note in notes_of(data_dir, "ana")
-                    )
+                async def laptop_recorded() -> bool:
+                    found = await notes_of("ana")
+                    reached = any(devices["laptop"] in note.get("pushedTo", []) for note in found)
+                    return service.held == ["phone"] and reached
 
-                await until(lambda: service.held == ["phone"] and laptop_recorded(), "the claim and one send")
+                await until(laptop_recorded, "the claim and one send")
                 first.kill()  # the phone's push is on its way, unanswered
                 released.set()
 
-                def settled() -> bool:
-                    pending = [note for note in notes_of(data_dir, "ana") if note.get("GSI1PK")]
+                async def settled() -> bool:
+                    pending = [note for note in await notes_of("ana") if note.get("GSI1PK")]
                     return not pending and len(service.to("phone")) == 1
 
                 await until(settled, "the other process to take over the push")
@@ -105,7 +125,7 @@ async def test_once_per_device_across_two_processes_with_a_sigkill_between_claim
                 for name in ("phone", "laptop"):
                     [got] = service.to(name)
                     assert got.payload["type"] == "MEMBER_PENDING"
-                [note] = notes_of(data_dir, "ana")
+                [note] = await notes_of("ana")
                 assert sorted(note["pushedTo"]) == sorted(devices.values())
                 # A later pass of the survivor sends nothing more.
                 recovered = await call(client, second, "ana", "{ myPushDevices { id lastPushedAt } }")
