@@ -182,12 +182,11 @@ def push_wake(notes: Sequence[tuple[str, str, str]]) -> tuple[str, Event]:
 async def _announce(broker: Broker | None, notes: Sequence[Notification]) -> None:
     if broker is None or not notes:
         return
-    await broker.publish_many(
-        [
-            *(announcement(n.user_id, n.created_at, n.id) for n in notes),
-            push_wake([(n.user_id, n.created_at, n.id) for n in notes]),
-        ]
-    )
+    events = [announcement(n.user_id, n.created_at, n.id) for n in notes]
+    pushed = [(n.user_id, n.created_at, n.id) for n in notes if n.push_pending]
+    if pushed:
+        events.append(push_wake(pushed))
+    await broker.publish_many(events)
 
 
 @dataclass(frozen=True)

@@ -319,10 +319,13 @@ class UnlockScheduler:
         # Before the capsule opens, in replayable batches: a capsule of any size.
         # Each note is counted unread with it; a replay finds its note and
         # leaves it out, so nothing is written or counted twice.
-        await asyncio.gather(
+        written, _ = await asyncio.gather(
             notifications.write(self.table, self.broker, notes, announce=False),
             self._stamp(capsule, [user for user in capsule.recipient_ids if user in readers], unlocking_at),
         )
+        # Whose notes wait in the push outbox (a replay's were written before:
+        # the push workers' recovery scan finds those).
+        push_to = [note.user_id for note in written if note.push_pending]
         outbox = keys.unlock_outbox(iso(self.clock()), capsule.id, self.shards)
         ops: list[WriteOp] = [
             Update(
@@ -344,6 +347,7 @@ class UnlockScheduler:
                     "capsuleId": capsule.id,
                     "unlockedAt": unlocking_at,
                     "people": people,
+                    "pushTo": push_to,
                 },
                 NotExists(),
             ),
@@ -360,7 +364,7 @@ class UnlockScheduler:
         self._mine.discard(capsule.id)
         result.unlocked += 1
         self.metrics.capsule_unlocked()
-        await self._publish(capsule.id, unlocking_at, people, outbox)
+        await self._publish(capsule.id, unlocking_at, people, outbox, push_to)
         return True
 
     async def _stamp(self, capsule: Capsule, recipients: Sequence[str], at: str) -> None:
@@ -377,7 +381,12 @@ class UnlockScheduler:
         )
 
     async def _publish(
-        self, capsule_id: str, unlocked_at: str, people: Sequence[str], outbox: tuple[str, str]
+        self,
+        capsule_id: str,
+        unlocked_at: str,
+        people: Sequence[str],
+        outbox: tuple[str, str],
+        push_to: Sequence[str] = (),
     ) -> None:
         """Every person's two events in one batched publish, then the outbox item goes."""
         broker = self.broker
@@ -393,8 +402,9 @@ class UnlockScheduler:
                 events.append(
                     notifications.announcement(user, unlocked_at, notifications.unlocked_id(capsule_id, user))
                 )
-            told = [(user, unlocked_at, notifications.unlocked_id(capsule_id, user)) for user in people]
-            events.append(notifications.push_wake(told))
+            if push_to:
+                told = [(user, unlocked_at, notifications.unlocked_id(capsule_id, user)) for user in push_to]
+                events.append(notifications.push_wake(told))
             await broker.publish_many(events)
         await self.table.delete(outbox)
 
@@ -412,7 +422,11 @@ class UnlockScheduler:
         for item in (item for page in pages for item in page.items):
             try:
                 await self._publish(
-                    item["capsuleId"], item["unlockedAt"], list(item["people"]), (item["PK"], item["SK"])
+                    item["capsuleId"],
+                    item["unlockedAt"],
+                    list(item["people"]),
+                    (item["PK"], item["SK"]),
+                    list(item.get("pushTo", [])),
                 )
             except Exception:
                 log.exception("could not publish the unlock of capsule %s again", item.get("capsuleId"))
