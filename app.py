@@ -13,10 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import gc
 import logging
+import shutil
 import socket
 import sys
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,11 +44,12 @@ from resolvers.core.metrics import Metrics
 from resolvers.domain import mail
 from resolvers.runtime import compose, local_blob_store, observe_table, start_background
 from schema import schema_for
+from schema.backpressure import ConnectionHandles
 from schema.graphiql import STATIC_DIR
 from schema.observability import RequestObservability
 from schema.transport import MiFamiliasGraphQL
 from store import keys
-from store.port import Table
+from store.port import TTL_ATTRIBUTE, NotExists, Table, any_of, eq
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
@@ -59,6 +64,28 @@ class AppState:
     settings: Settings
     services: Services | None = None
     stopping: bool = False
+    probed: bool = False  # /readyz was asked: something (a load balancer) watches readiness
+
+
+# The part of the shutdown window during which the process still accepts
+# connections, answering /readyz 503.
+PROBE_WINDOW = 0.25
+# Free space under the embedded store below which /readyz says it cannot write.
+MIN_FREE_BYTES = 16 * 1024 * 1024
+PROCESS_ID = uuid.uuid4().hex[:12]
+
+
+async def _can_write(table: Table, data_dir: Path | None) -> None:
+    """Raises unless the store takes a write: a small conditional put with a
+    TTL (its own item, one per process); for the embedded store, first free
+    space on its disk."""
+    if data_dir is not None:
+        free = shutil.disk_usage(data_dir).free
+        if free < MIN_FREE_BYTES:
+            raise OSError(errno.ENOSPC, f"{free} bytes free under the store")
+    key = keys.readiness_write(PROCESS_ID)
+    item = {"PK": key[0], "SK": key[1], "process": PROCESS_ID, TTL_ATTRIBUTE: int(time.time()) + 3600}
+    await table.put(item, any_of(NotExists(), eq("process", PROCESS_ID)))
 
 
 async def _answers(what: str, probe: Awaitable[object]) -> str:
@@ -173,11 +200,13 @@ def create_app(
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
+        state.probed = True
         if state.stopping:
             return JSONResponse({"status": "unavailable", "server": "shutting down"}, status_code=503)
         running = services()
+        embedded = None if settings.uses_dynamodb else settings.data_dir
         store, broker = await asyncio.gather(
-            _answers("the table", running.table.get(keys.readiness_probe())),
+            _answers("the table", _can_write(running.table, embedded)),
             _answers("Redis" if settings.redis_url else "the broker", running.broker.ping()),
         )
         if store == broker == "ok":
@@ -241,11 +270,12 @@ def create_app(
                 CORSMiddleware,
                 allow_origins=list(settings.allowed_origins),
                 allow_methods=["GET", "POST", "PUT"],
-                allow_headers=["authorization", "content-type"],
+                allow_headers=["authorization", "content-type", "idempotency-key"],
             )
         )
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.going_away = going_away
+    app.state.probed = lambda: state.probed
     return app
 
 
@@ -303,14 +333,21 @@ def _serve(settings: Settings) -> None:
 
         async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
             log.info("shutting down: WebSockets close, pipeline leases go back, then requests drain")
-            for server in self.servers:
-                server.close()  # stop accepting first; uvicorn's own close repeats it harmlessly
             loop = asyncio.get_running_loop()
             deadline = loop.time() + settings.shutdown_seconds
             try:
                 await asyncio.wait_for(going_away(), settings.shutdown_seconds)
             except TimeoutError:
                 log.error("shutdown: closing sockets and handing back leases took too long")
+            # Still listening for the first part of the window: a new probe is
+            # answered 503 "shutting down" (so the load balancer drains this
+            # process) instead of finding the port closed.
+            # A process nobody probes (a developer's, a test's) has no one to tell.
+            if app.state.probed():
+                window = min(deadline - loop.time(), settings.shutdown_seconds * PROBE_WINDOW)
+                await asyncio.sleep(max(0.0, window))
+            for server in self.servers:
+                server.close()  # uvicorn's own close repeats it harmlessly
             # uvicorn reads the timeout when it starts waiting: what is left of ours
             # (whole seconds, as uvicorn types it).
             self.config.timeout_graceful_shutdown = max(0, int(deadline - loop.time()))
@@ -322,7 +359,9 @@ def _serve(settings: Settings) -> None:
     app = create_app(settings, process_metrics=True)
     going_away: Callable[[], Awaitable[None]] = app.state.going_away
     config = uvicorn.Config(
-        app,
+        # Outside Starlette's own middleware: it sees the server's own `send`,
+        # so a slow client's connection can be dropped.
+        ConnectionHandles(app),
         host=settings.host,
         port=settings.port,
         log_config=None,

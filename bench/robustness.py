@@ -1,7 +1,8 @@
 """Section 6: robustness. `/healthz` latency (p50, p99) from a prober process
 while the server takes, one at a time: (a) the amplification query sent over and
 over, (b) a 9400×9400 PNG going through the pipeline, (c) 30 MB request bodies,
-(d) one status change delivered to many `contentStatusChanged` subscriptions.
+(d) one status change delivered to many `contentStatusChanged` subscriptions,
+(e) 60 subscribers that stop reading beside 30 that read.
 The baseline is the same prober against the idle server, in the same run. For
 (b), the server's memory (its own, and with its child processes) during and after."""
 
@@ -284,7 +285,64 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
             f"{detail}; {delivered} of {subscribers} received it "
             f"within {time.monotonic() - measure_started:.1f} s",
         )
-    return rows_of(results, memory)
+    rows = rows_of(results, memory)
+    rows += slow_readers(log_dir)
+    return rows
+
+
+SLOW_READERS, NORMAL_READERS = 60, 30
+DELIVERY_TARGET_S = 2.0
+
+
+def slow_readers(log_dir: Path) -> list[Row]:
+    """(e) 60 subscribers that stop reading, with large selections, beside 30
+    that read (tests/test_slow_clients.py's scenario): /healthz p99 meanwhile,
+    and how late after its date the normal ones get a capsule's opening. A
+    server of its own: the scheduler polls, slow clients are let go after 5 s."""
+    import asyncio
+
+    from tests.test_slow_clients import slow_and_normal
+
+    data_dir = log_dir / "slow-readers"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    from tests.servers import SECRET as TEST_SECRET  # the scenario's tokens
+
+    env = server_env(
+        data_dir,
+        MIFAMILIAS_UNLOCK_POLL_SECONDS="0.5",
+        MIFAMILIAS_SLOW_CLIENT_SECONDS="5",
+        MIFAMILIAS_AUTH_SECRET=TEST_SECRET,
+    )
+    with graphql_server(env, log_dir) as server:
+        probe = Probe(f"{server.url}/healthz")
+        try:
+            outcome = asyncio.run(slow_and_normal(server, SLOW_READERS, NORMAL_READERS))
+        finally:
+            latencies, failures = probe.stop()
+    name = f"(e) {SLOW_READERS} slow readers beside {NORMAL_READERS} normal subscribers"
+    closed = sum(1 for code in outcome.codes if code == 4408)
+    rows = rows_of(
+        {
+            name: (
+                latencies,
+                failures,
+                f"{closed} of {SLOW_READERS} slow sockets closed 4408, {outcome.let_go:.0f} counted",
+            )
+        },
+        {},
+    )[:1]
+    late_p50, late_p99 = percentile(outcome.late, 50), percentile(outcome.late, 99)
+    rows.append(
+        Row(
+            SECTION,
+            f"normal subscribers' delivery after the capsule's date (s), {name}",
+            f"{late_p50:.2f} / {late_p99:.2f}",
+            f"p50 / p99 of {len(outcome.late)}; the unlock poll is 0.5 s",
+            target=f"≤ {DELIVERY_TARGET_S:.0f} s",
+            met=verdict(len(outcome.late) == NORMAL_READERS and late_p99 <= DELIVERY_TARGET_S),
+        )
+    )
+    return rows
 
 
 def rows_of(results: dict[str, tuple[list[float], int, str]], memory: dict[str, float]) -> list[Row]:

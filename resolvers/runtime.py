@@ -17,6 +17,7 @@ from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
 from resolvers.adapters.sns import SnsPush
 from resolvers.adapters.transcribe import Transcriber
 from resolvers.adapters.webpush import WebPushSender
+from resolvers.core import workdirs
 from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
 from resolvers.core.context import Services, utc_now
@@ -263,6 +264,8 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
     """The workers (pipeline, exports), the unlock scheduler and the sweeps, until the stack closes."""
     settings = services.settings
     pipeline, scheduler = services.pipeline, services.scheduler
+    # What a killed process left in the temp folder (a transcode, an export build).
+    await asyncio.to_thread(workdirs.sweep_dead)
     await pipeline.start()
     await services.exports.start()
     services.accounts.serve(services)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -20,9 +20,9 @@ from strawberry.extensions import (
 )
 from strawberry.types import ExecutionResult
 
-from resolvers.core import logs
+from resolvers.core import idempotency, logs
 from resolvers.core.context import Context
-from resolvers.core.errors import BadInput
+from resolvers.core.errors import ApiError, unavailable
 from schema.cost import QueryCost
 from schema.errors import CodedParserCache, ContractErrors
 from schema.guard import ReadGuard, SignedIn
@@ -74,33 +74,125 @@ def _deadline(context: object) -> float | None:
     return context.services.settings.operation_deadline_seconds or None
 
 
-def _stopped(deadline: float, context: object) -> ExecutionResult:
+def _writes(query: str | None, operation_name: str | None) -> bool:
+    """Whether the operation a document names is a mutation (parsed again on
+    the deadline's path only)."""
+    from graphql import OperationType, parse
+    from graphql.utilities import get_operation_ast
+
+    try:
+        operation = get_operation_ast(parse(query or "", no_location=True), operation_name)
+    except GraphQLError:
+        return False
+    return operation is not None and operation.operation == OperationType.MUTATION
+
+
+def _stopped(deadline: float, context: object, *, writes: bool) -> ExecutionResult:
+    """The deadline's answer. The cost limit refused what asks too much before
+    it ran, so what runs out of time waited on something (the store, most
+    often): UNAVAILABLE, to retry; a mutation stopped mid-way may have been
+    applied, so its outcome is UNKNOWN."""
+    error = unavailable(
+        f"the operation did not finish within {deadline:g} s and was stopped: "
+        "the service is slow to answer now",
+        outcome_known=not writes,
+    )
     if isinstance(context, Context):  # the metrics extension was stopped with the operation
         found = logs.current.get()
         metrics = context.services.metrics
-        metrics.graphql_error(metrics.operation_label(found.operation if found else None), "BAD_USER_INPUT")
-    error = BadInput(
-        f"the operation took longer than {deadline:g} s and was stopped; "
-        "ask for less (smaller pages, fewer nested lists)"
-    )
+        metrics.graphql_error(metrics.operation_label(found.operation if found else None), error.code)
     return ExecutionResult(
         data=None,
-        errors=[GraphQLError(error.message, extensions={"code": error.code, "deadlineSeconds": deadline})],
+        errors=[
+            GraphQLError(
+                error.message,
+                extensions={"code": error.code, **error.extensions, "deadlineSeconds": deadline},
+            )
+        ],
     )
 
 
 async def _within(
-    results: AsyncGenerator[Any, None], deadline: float, context: object
+    results: AsyncGenerator[Any, None],
+    deadline: float,
+    context: object,
+    *,
+    writes: bool,
+    request: tuple[str | None, str | None, object],
 ) -> AsyncGenerator[Any, None]:
     """A query's or mutation's stream (one result) run within the deadline."""
+
+    async def collect() -> list[Any]:
+        return [result async for result in results]
+
     async with aclosing(results):
         try:
             async with asyncio.timeout(deadline):
-                collected = [result async for result in results]
+                if writes:
+                    collected = [await _once(context, request, deadline, lambda: _single(collect()))]
+                else:
+                    collected = await collect()
         except TimeoutError:
-            collected = [_stopped(deadline, context)]
+            collected = [_stopped(deadline, context, writes=writes)]
     for result in collected:
         yield result
+
+
+async def _single(results: Awaitable[list[Any]]) -> Any:
+    found = await results
+    return found[0] if len(found) == 1 else found
+
+
+def _as_result(answer: idempotency.Result) -> ExecutionResult:
+    errors = [
+        GraphQLError(error.get("message", ""), path=error.get("path"), extensions=error.get("extensions"))
+        for error in answer.get("errors") or ()
+    ]
+    return ExecutionResult(data=answer.get("data"), errors=errors or None)
+
+
+async def _once(
+    context: object,
+    request: tuple[str | None, str | None, object],
+    deadline: float,
+    run: Callable[[], Awaitable[Any]],
+) -> Any:
+    """A mutation sent with an Idempotency-Key runs once per person and key
+    (`resolvers.core.idempotency`); without one, it just runs."""
+    key = idempotency.requested_key.get()
+    if key is None or not isinstance(context, Context) or context.claims is None:
+        return await run()
+    try:
+        key = idempotency.check_key(key)
+    except ApiError as error:
+        return ExecutionResult(
+            data=None, errors=[GraphQLError(error.message, extensions={"code": error.code})]
+        )
+
+    async def attempt(_: idempotency.Attempt) -> idempotency.Result:
+        result = await run()
+        if not isinstance(result, ExecutionResult):
+            return {
+                "data": None,
+                "errors": [{"message": "not one result", "extensions": {"code": "INTERNAL_SERVER_ERROR"}}],
+            }
+        return {"data": result.data, "errors": [error.formatted for error in result.errors or ()]}
+
+    try:
+        answer = await idempotency.run_once(
+            context.table,
+            context.claims.sub,
+            key,
+            idempotency.request_hash(*request),
+            deadline_seconds=deadline,
+            run=attempt,
+        )
+    except ApiError as error:
+        return ExecutionResult(
+            data=None,
+            errors=[GraphQLError(error.message, extensions={"code": error.code, **error.extensions})],
+        )
+    return _as_result(answer)
 
 
 class MiFamiliasSchema(strawberry.Schema):
@@ -116,11 +208,21 @@ class MiFamiliasSchema(strawberry.Schema):
         deadline = _deadline(context)
         if deadline is None:
             return await super().execute(query, *args, **kwargs)
+        writes = _writes(query, kwargs.get("operation_name"))
+        request = (query, kwargs.get("operation_name"), kwargs.get("variable_values"))
         try:
             async with asyncio.timeout(deadline):
+                if writes:
+                    result: ExecutionResult = await _once(
+                        context,
+                        request,
+                        deadline,
+                        lambda: super(MiFamiliasSchema, self).execute(query, *args, **kwargs),
+                    )
+                    return result
                 return await super().execute(query, *args, **kwargs)
         except TimeoutError:
-            return _stopped(deadline, context)
+            return _stopped(deadline, context, writes=writes)
 
     async def stream(self, query: str | None, *args: Any, **kwargs: Any) -> Any:
         # WebSockets, SSE and multipart: one result for a query or mutation,
@@ -130,7 +232,9 @@ class MiFamiliasSchema(strawberry.Schema):
         deadline = _deadline(context)
         if deadline is None or names_subscription(query, kwargs.get("operation_name")):
             return results
-        return _within(results, deadline, context)
+        writes = _writes(query, kwargs.get("operation_name"))
+        request = (query, kwargs.get("operation_name"), kwargs.get("variable_values"))
+        return _within(results, deadline, context, writes=writes, request=request)
 
     def process_errors(self, errors: Any, execution_context: Any = None) -> None:
         # ContractErrors logs what is unexpected, with the request id; the

@@ -30,6 +30,46 @@ class TrustLevel(Enum):
     )
 
 
+@strawberry.enum(description="Who may post (create uploads) in a family; its ADMINs choose.")
+class PostingPolicy(Enum):
+    EVERYONE = strawberry.enum_value(
+        store_enums.PostingPolicy.EVERYONE.value, description="every MEMBER and ADMIN (the default)"
+    )
+    ADMINS = strawberry.enum_value(store_enums.PostingPolicy.ADMINS.value, description="ADMINs only")
+
+
+@strawberry.enum(description="What an entry of a family's admins' record (Family.activity) says happened.")
+class FamilyEventType(Enum):
+    ROLE_CHANGED = strawberry.enum_value(
+        store_enums.FamilyEventType.ROLE_CHANGED.value, description="subject became the role in detail"
+    )
+    MEMBER_JOINED = strawberry.enum_value(
+        store_enums.FamilyEventType.MEMBER_JOINED.value, description="subject joined (detail: with what code)"
+    )
+    MEMBER_APPROVED = strawberry.enum_value(
+        store_enums.FamilyEventType.MEMBER_APPROVED.value,
+        description="actor let subject in (PENDING -> MEMBER)",
+    )
+    MEMBER_REMOVED = strawberry.enum_value(
+        store_enums.FamilyEventType.MEMBER_REMOVED.value, description="actor removed subject"
+    )
+    MEMBER_LEFT = strawberry.enum_value(
+        store_enums.FamilyEventType.MEMBER_LEFT.value, description="subject left (or deleted their account)"
+    )
+    INVITE_CREATED = strawberry.enum_value(
+        store_enums.FamilyEventType.INVITE_CREATED.value, description="actor created the invite in detail"
+    )
+    INVITE_REVOKED = strawberry.enum_value(
+        store_enums.FamilyEventType.INVITE_REVOKED.value, description="actor revoked the invite in detail"
+    )
+    INVITE_CODE_ROTATED = strawberry.enum_value(
+        store_enums.FamilyEventType.INVITE_CODE_ROTATED.value, description="actor drew a new family code"
+    )
+    SETTINGS_CHANGED = strawberry.enum_value(
+        store_enums.FamilyEventType.SETTINGS_CHANGED.value, description="actor changed the settings in detail"
+    )
+
+
 @strawberry.enum
 class ContentType(Enum):
     VIDEO = store_enums.ContentType.VIDEO.value

@@ -11,7 +11,8 @@ from graphql import GraphQLError
 from strawberry.extensions import ParserCache, SchemaExtension
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 
-from resolvers.core.errors import ApiError
+from resolvers.core.errors import ApiError, unavailable
+from store.port import StoreUnavailable
 
 log = logging.getLogger("mifamilias.errors")
 
@@ -36,6 +37,8 @@ CODES = {
     "CONFLICT",
     "RATE_LIMITED",
     "INTERNAL_SERVER_ERROR",
+    # Beside the contract's: the service cannot answer now (retry later).
+    "UNAVAILABLE",
     # Persisted operations (issue 14): Apollo's codes, beside the contract's.
     "PERSISTED_QUERY_NOT_FOUND",
     "PERSISTED_QUERY_NOT_IN_LIST",
@@ -48,6 +51,13 @@ def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
         return error  # relabelled already (a subscription event, then its operation)
     if isinstance(original, ApiError):
         return _relabel(error, original.message, {"code": original.code, **original.extensions})
+    if isinstance(original, StoreUnavailable):
+        # The store did not answer: the details in the log, the client told to retry.
+        log.warning("the store did not answer: %s", original)
+        found = unavailable(
+            "the service's store did not answer in time", outcome_known=original.outcome_known
+        )
+        return _relabel(error, found.message, {"code": found.code, **found.extensions})
     if isinstance(original, InvalidOperationTypeError | CannotGetOperationTypeError):
         # An operation this transport does not carry (a query over multipart
         # subscriptions, a mutation over GET), or an unknown operation name.

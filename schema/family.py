@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated
 
@@ -8,8 +9,8 @@ import strawberry
 from resolvers.core.errors import not_found
 from resolvers.core.pagination import page_size
 from resolvers.domain import families, users
-from schema.common import Info, PageInfo, when
-from schema.enums import FamilyRole, TrustLevel
+from schema.common import Info, PageInfo, maybe_when, when
+from schema.enums import FamilyEventType, FamilyRole, PostingPolicy, TrustLevel
 from schema.user import User
 from store import items
 
@@ -29,9 +30,52 @@ class Family:
     def name(self) -> str:
         return self.item.name
 
-    @strawberry.field
+    @strawberry.field(
+        description="the longest-standing ADMIN: of the family's ADMINs now, the one who became ADMIN "
+        "first (the creator, until they step down or leave)"
+    )
     async def admin(self, info: Info) -> User:
-        return User(item=await users.load_user(info.context, self.item.admin_user_id))
+        return User(item=await users.load_user(info.context, self.item.longest_standing_admin()))
+
+    @strawberry.field(description="every ADMIN now, longest-standing first")
+    async def admins(self, info: Info) -> list[User]:
+        ids = families.admins_of(self.item)
+        found = await asyncio.gather(*(users.load_user(info.context, user_id) for user_id in ids))
+        return [User(item=user) for user in found]
+
+    @strawberry.field(
+        description="who may post (create uploads); an ADMIN changes it with updateFamilySettings"
+    )
+    def posting_policy(self) -> PostingPolicy:
+        return PostingPolicy(self.item.posting_policy)
+
+    @strawberry.field(
+        description="whether the family's own invite code admits people; an ADMIN turns it off (and on) "
+        "with updateFamilySettings, invites keep working"
+    )
+    def invite_code_enabled(self) -> bool:
+        return self.item.invite_code_enabled
+
+    @strawberry.field(description="the newest 100 invites, for ADMINs; empty for everyone else")
+    async def invites(self, info: Info) -> list[Invite]:
+        return [Invite(item=invite) for invite in await families.invites_of(info.context, self.item)]
+
+    @strawberry.field(
+        description="the admins' record, newest first: role changes, joins, approvals, removals, "
+        "departures, invites, code rotations and settings changes. For ADMINs; empty for everyone else"
+    )
+    async def activity(
+        self, info: Info, first: int | None = 20, after: str | None = None
+    ) -> FamilyEventConnection:
+        page = await families.activity_page(info.context, self.item, page_size(first, 20), after)
+        events = [items.FamilyEvent.from_item(item) for item in page.items]
+        return FamilyEventConnection(
+            edges=[
+                FamilyEventEdge(cursor=cursor, node=FamilyEvent(item=event))
+                for event, cursor in zip(events, page.cursors, strict=True)
+            ],
+            page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+        )
 
     @strawberry.field
     def trust_level(self) -> TrustLevel:
@@ -119,6 +163,90 @@ class FamilyMemberEdge:
 @strawberry.type
 class FamilyMemberConnection:
     edges: list[FamilyMemberEdge]
+    page_info: PageInfo
+
+
+@strawberry.type(description="A code an ADMIN made, limited in uses and time, revocable.")
+class Invite:
+    item: strawberry.Private[items.FamilyInvite]
+
+    @strawberry.field
+    def id(self) -> strawberry.ID:
+        return strawberry.ID(families.invite_public_id(self.item.family_id, self.item.id))
+
+    @strawberry.field(description="what the invited person gives joinFamily")
+    def code(self) -> str:
+        return self.item.code
+
+    @strawberry.field(description="null: no limit")
+    def max_uses(self) -> int | None:
+        return self.item.max_uses
+
+    @strawberry.field(description="how many people joined with it")
+    def uses(self) -> int:
+        return self.item.uses
+
+    @strawberry.field(description="null: it does not expire")
+    def expires_at(self) -> datetime | None:
+        return maybe_when(self.item.ends_at)
+
+    @strawberry.field
+    async def created_by(self, info: Info) -> User:
+        return User(item=await users.load_user(info.context, self.item.created_by))
+
+    @strawberry.field
+    def created_at(self) -> datetime:
+        return when(self.item.created_at)
+
+    @strawberry.field
+    def revoked_at(self) -> datetime | None:
+        return maybe_when(self.item.revoked_at)
+
+    @strawberry.field(description="where the invitation was emailed, if anywhere")
+    def email(self) -> str | None:
+        return self.item.email
+
+
+@strawberry.type(description="One entry of a family's admins' record.")
+class FamilyEvent:
+    item: strawberry.Private[items.FamilyEvent]
+
+    @strawberry.field
+    def id(self) -> strawberry.ID:
+        return strawberry.ID(self.item.id)
+
+    @strawberry.field
+    def type(self) -> FamilyEventType:
+        return FamilyEventType(self.item.type)
+
+    @strawberry.field(description="who made the change")
+    async def actor(self, info: Info) -> User:
+        return User(item=await users.load_user(info.context, self.item.actor_id))
+
+    @strawberry.field(description="whom it was about, if anyone")
+    async def subject(self, info: Info) -> User | None:
+        if self.item.subject_id is None:
+            return None
+        return User(item=await users.load_user(info.context, self.item.subject_id))
+
+    @strawberry.field(description="what changed, in words: the new role, the invite, the settings")
+    def detail(self) -> str | None:
+        return self.item.detail
+
+    @strawberry.field
+    def created_at(self) -> datetime:
+        return when(self.item.created_at)
+
+
+@strawberry.type
+class FamilyEventEdge:
+    cursor: str
+    node: FamilyEvent
+
+
+@strawberry.type
+class FamilyEventConnection:
+    edges: list[FamilyEventEdge]
     page_info: PageInfo
 
 

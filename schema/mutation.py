@@ -4,6 +4,7 @@ from datetime import datetime
 
 import strawberry
 
+from resolvers.core.errors import BadInput
 from resolvers.domain import accounts, capsules, exports, families, notifications, push, users
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import tags as tag_resolvers
@@ -11,8 +12,8 @@ from schema.account import DataExport
 from schema.capsule import Capsule
 from schema.common import Info
 from schema.content import Comment, Content, Upload
-from schema.enums import ContentType, EmailPreference, NotificationType, TrustLevel
-from schema.family import Family, FamilyMember
+from schema.enums import ContentType, EmailPreference, FamilyRole, NotificationType, PostingPolicy, TrustLevel
+from schema.family import Family, FamilyMember, Invite
 from schema.push import PushDevice, RegisterPushDeviceInput
 from schema.tag import Tag
 from schema.user import User
@@ -60,6 +61,32 @@ class CreateCapsuleInput:
     recipient_ids: list[strawberry.ID] = strawberry.field(
         description="members of the family; the creator may be among them"
     )
+
+
+@strawberry.input
+class CreateInviteInput:
+    family_id: strawberry.ID
+    max_uses: int | None = strawberry.field(default=None, description="null: no limit (at most 1000)")
+    expires_at: datetime | None = strawberry.field(default=None, description="null: never (at most a year)")
+    email: str | None = strawberry.field(
+        default=None, description="emailed the code and a link when MIFAMILIAS_SMTP_URL is set"
+    )
+
+
+@strawberry.input
+class UpdateFamilySettingsInput:
+    family_id: strawberry.ID
+    posting_policy: PostingPolicy | None = strawberry.field(default=None, description="null: unchanged")
+    invite_code_enabled: bool | None = strawberry.field(
+        default=None,
+        description="false: the family's own code admits nobody (invites still do); null: unchanged",
+    )
+
+
+@strawberry.input
+class SuccessorInput:
+    family_id: strawberry.ID
+    user_id: strawberry.ID = strawberry.field(description="a current MEMBER, who becomes ADMIN")
 
 
 @strawberry.type
@@ -112,9 +139,53 @@ class Mutation:
     async def remove_member(self, info: Info, family_id: strawberry.ID, user_id: strawberry.ID) -> bool:
         return await families.remove_member(info.context, str(family_id), str(user_id))
 
-    @strawberry.mutation
-    async def leave_family(self, info: Info, family_id: strawberry.ID) -> bool:
-        return await families.leave_family(info.context, str(family_id))
+    @strawberry.mutation(
+        description="the last ADMIN of a family with other members names a successor (a current MEMBER), "
+        "who becomes ADMIN in the same write; without one, CONFLICT"
+    )
+    async def leave_family(
+        self, info: Info, family_id: strawberry.ID, successor_id: strawberry.ID | None = None
+    ) -> bool:
+        return await families.leave_family(
+            info.context, str(family_id), str(successor_id) if successor_id is not None else None
+        )
+
+    @strawberry.mutation(
+        description="ADMIN only: makes a MEMBER an ADMIN, or an ADMIN a MEMBER; the family always keeps "
+        "an ADMIN (CONFLICT otherwise)"
+    )
+    async def set_member_role(
+        self, info: Info, family_id: strawberry.ID, user_id: strawberry.ID, role: FamilyRole
+    ) -> FamilyMember:
+        return FamilyMember(
+            item=await families.set_member_role(info.context, str(family_id), str(user_id), role.value)
+        )
+
+    @strawberry.mutation(description="ADMIN only: a new code with limits; joinFamily takes it")
+    async def create_invite(self, info: Info, input: CreateInviteInput) -> Invite:
+        invite = await families.create_invite(
+            info.context,
+            str(input.family_id),
+            max_uses=input.max_uses,
+            expires_at=input.expires_at,
+            email=input.email,
+        )
+        return Invite(item=invite)
+
+    @strawberry.mutation(description="ADMIN only: the invite admits nobody from now on; idempotent")
+    async def revoke_invite(self, info: Info, id: strawberry.ID) -> bool:
+        await families.revoke_invite(info.context, str(id))
+        return True
+
+    @strawberry.mutation(description="ADMIN only: who may post, and whether the family's own code works")
+    async def update_family_settings(self, info: Info, input: UpdateFamilySettingsInput) -> Family:
+        family = await families.update_settings(
+            info.context,
+            str(input.family_id),
+            posting_policy=input.posting_policy.name if input.posting_policy is not None else None,
+            invite_code_enabled=input.invite_code_enabled,
+        )
+        return Family(item=family)
 
     @strawberry.mutation(description="creates the Content in UPLOADING and returns where to send the bytes")
     async def create_upload(self, info: Info, input: CreateUploadInput) -> Upload:
@@ -262,7 +333,13 @@ class Mutation:
 
     @strawberry.mutation(
         description="deletes the viewer's account and what they put in (see the README); "
-        "CONFLICT while they are the last ADMIN of a family with other members. Idempotent"
+        "CONFLICT while they are the last ADMIN of a family with other members, unless `successors` "
+        "names a MEMBER of that family to become its ADMIN. Idempotent"
     )
-    async def delete_my_account(self, info: Info) -> bool:
-        return await accounts.delete_my_account(info.context)
+    async def delete_my_account(self, info: Info, successors: list[SuccessorInput] | None = None) -> bool:
+        named: dict[str, str] = {}
+        for successor in successors or []:
+            if str(successor.family_id) in named:
+                raise BadInput("successors name one person per family")
+            named[str(successor.family_id)] = str(successor.user_id)
+        return await accounts.delete_my_account(info.context, named)

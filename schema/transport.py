@@ -30,7 +30,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -48,10 +48,10 @@ from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import Bas
 from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
 from strawberry.types.graphql import OperationType
 
-from resolvers.core import logs
+from resolvers.core import idempotency, logs
 from resolvers.core.context import Context, Services
 from resolvers.core.errors import ApiError, PersistedQueryNotFound
-from schema import socket_auth, streams
+from schema import backpressure, socket_auth, streams
 
 log = logging.getLogger("mifamilias.transport")
 
@@ -173,6 +173,22 @@ def _well_formed(message: object) -> bool:
     return True
 
 
+def _idempotency_key(extensions: object) -> str | None:
+    key = extensions.get("idempotencyKey") if isinstance(extensions, dict) else None
+    return key if isinstance(key, str) else None
+
+
+@contextlib.contextmanager
+def _keyed(message: Any) -> Iterator[None]:
+    """The operation's Idempotency-Key (`extensions.idempotencyKey`), for the
+    task the protocol's handler creates for it (which copies it), and no other."""
+    token = idempotency.requested_key.set(_idempotency_key(message["payload"].get("extensions")))
+    try:
+        yield
+    finally:
+        idempotency.requested_key.reset(token)
+
+
 class _Guarded:
     """What both WebSocket protocols share: a malformed frame closes the socket
     with 4400; `connection_init` signs in with the token wherever the client
@@ -203,16 +219,41 @@ class _Guarded:
         if view.closing:
             await self.websocket.close(code=GOING_AWAY, reason="going away")
             return
+        settings = self.context.services.settings
+        metrics = self.context.services.metrics
+        protocol = self.protocol
+
+        def let_go(why: str) -> None:
+            metrics.slow_client_closed(protocol, why)
+            log.warning("let a slow %s client go (%s)", protocol, why)
+
+        self.websocket = queued = backpressure.QueuedSocket(
+            self.websocket,
+            backpressure.abort_of(self.websocket.ws.scope),
+            let_go,
+            self._drop_operations,
+            frames=settings.send_queue_frames,
+            slow_seconds=settings.slow_client_seconds,
+        )
         view.sockets.add(self)
         try:
             with self.context.services.metrics.websocket(self.protocol):
                 await super().handle()  # type: ignore[misc]
         finally:
             view.sockets.discard(self)
+            await queued.finish()
 
     async def _refuse_operation(self, operation_id: str, error: dict[str, Any]) -> None:
         """Answers one operation with an error; the socket stays open."""
         raise NotImplementedError
+
+    def _operation_ids(self) -> list[str]:
+        raise NotImplementedError
+
+    async def _drop_operations(self) -> None:
+        """Stops every operation of a client let go for reading too slowly."""
+        for operation_id in self._operation_ids():
+            await self.cleanup_operation(operation_id)  # type: ignore[attr-defined]
 
     async def _persisted(self, message: Any) -> Any | None:
         """The subscribe (or start) message with the document it names in
@@ -296,9 +337,13 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
         message: Any = {"id": operation_id, "type": "error", "payload": [error]}
         await self.send_message(message)
 
+    def _operation_ids(self) -> list[str]:
+        return list(self.operations)
+
     async def handle_subscribe(self, message: Any) -> None:
         if not await self._expired() and (message := await self._persisted(message)) is not None:
-            await super().handle_subscribe(message)
+            with _keyed(message):
+                await super().handle_subscribe(message)
 
     async def shutdown(self) -> None:
         self._stop_watching()
@@ -353,9 +398,13 @@ class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
         message: Any = {"type": "error", "id": operation_id, "payload": error}
         await self.send_message(message)
 
+    def _operation_ids(self) -> list[str]:
+        return list(self.tasks)
+
     async def handle_start(self, message: Any) -> None:
         if not await self._expired() and (message := await self._persisted(message)) is not None:
-            await super().handle_start(message)
+            with _keyed(message):
+                await super().handle_start(message)
 
     async def cleanup(self) -> None:
         self._stop_watching()
@@ -424,7 +473,33 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
             await super().__call__(scope, receive, send)
             return
         response = await self._http(scope, receive)
-        await response(scope, receive, send)
+        # A client let go for reading too slowly was counted and logged then.
+        with contextlib.suppress(backpressure.SlowClientLetGo):
+            await response(scope, receive, send)
+
+    async def create_streaming_response(
+        self,
+        request: Request | WebSocket,
+        stream: Callable[[], AsyncIterator[str]],
+        sub_response: Response,
+        headers: Mapping[str, str],
+    ) -> Response:
+        """A streamed subscription whose client must keep reading (`backpressure`)."""
+        services = self._services()
+        kind = "sse" if "text/event-stream" in headers.get("Content-Type", "") else "multipart"
+
+        def let_go(why: str) -> None:
+            services.metrics.slow_client_closed(kind, why)
+            log.warning("let a slow %s client go (%s)", kind, why)
+
+        return backpressure.PacedStreamingResponse(
+            stream(),
+            status_code=sub_response.status_code or 200,
+            headers={**sub_response.headers, **headers},
+            slow_seconds=services.settings.slow_client_seconds,
+            abort=backpressure.abort_of(request.scope),
+            let_go=let_go,
+        )
 
     async def _http(self, scope: Scope, receive: Receive) -> Response:
         limit = self.max_body_bytes
@@ -472,6 +547,9 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
             request_data = [await self._persisted(context, data) for data in request_data]
         else:
             request_data = await self._persisted(context, request_data)
+            # This request's own task: the key is this operation's alone.
+            header = request.headers.get("idempotency-key") if hasattr(request, "headers") else None
+            idempotency.requested_key.set(header or _idempotency_key(request_data.extensions))
         protocol = getattr(request_data, "protocol", None)
         if protocol == "http" and _is_subscription(request_data):
             raise HTTPException(400, SUBSCRIBE_OVER_HTTP)

@@ -654,9 +654,18 @@ class LocalBlobStore:
         except FileExistsError:
             raise BlobAccessDenied("url already used") from None
         try:
-            os.write(fd, str(verified.expires).encode())
-        finally:
-            os.close(fd)
+            try:
+                os.write(fd, str(verified.expires).encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            self.release(verified)  # a full disk took the marker: the URL stays usable
+            raise
+
+    def release(self, verified: VerifiedUrl) -> None:
+        """Give a claimed PUT URL back: its body did not land (a full disk, the
+        client gone), so the client may send it again with the same URL."""
+        (self._used / verified.nonce).unlink(missing_ok=True)
 
     def prune_used(self) -> int:
         """Forget consumed nonces whose URLs have expired; returns how many."""

@@ -28,7 +28,14 @@ from typing import Any
 import aioboto3
 from aiobotocore.config import AioConfig
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    ReadTimeoutError,
+)
 
 from store.expressions import cursor_for, decode_cursor
 from store.port import (
@@ -54,6 +61,7 @@ from store.port import (
     Put,
     SortKey,
     StoreError,
+    StoreUnavailable,
     TransactionCancelled,
     Update,
     WriteOp,
@@ -66,6 +74,15 @@ BOTOCORE_ATTEMPTS = 6  # per call, botocore's own (adaptive mode backs off and r
 MAX_ATTEMPTS = 8  # our own, for unprocessed batch items and throttled transactions
 BASE_DELAY = 0.05  # seconds; doubled per attempt, jittered, capped
 MAX_DELAY = 3.0
+
+# Calls that change the table: one not answered may have been applied.
+_WRITES = frozenset({"put_item", "update_item", "delete_item", "batch_write_item", "transact_write_items"})
+# Refusals that mean "not now", after botocore's own retries.
+_THROTTLED = frozenset(
+    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
+)
+# No answer from DynamoDB at all.
+_UNANSWERED = (ConnectTimeoutError, ReadTimeoutError, EndpointConnectionError, ConnectionClosedError)
 
 # Cancellation reasons after which the whole transaction may simply be resent.
 _RETRYABLE_CANCELLATIONS = frozenset({"ThrottlingError", "ProvisionedThroughputExceeded"})
@@ -336,7 +353,9 @@ class DynamoTable:
         return table
 
     async def _call(self, operation: str, **params: Any) -> dict[str, Any]:
-        """One call (botocore retries throttling), its errors in our terms."""
+        """One call (botocore retries throttling), its errors in our terms: a
+        call DynamoDB did not answer is StoreUnavailable, and a write among
+        them has an unknown outcome unless DynamoDB refused it (throttling)."""
         method = getattr(self._client, operation)
         try:
             response: dict[str, Any] = await method(**params)
@@ -349,7 +368,22 @@ class DynamoTable:
                 message = str(error.response.get("Error", {}).get("Message", ""))
                 if "start" in message.lower():
                     raise InvalidCursor("the cursor does not fit this query") from error
+            if code in _THROTTLED:
+                raise StoreUnavailable(
+                    f"DynamoDB {operation} throttled: {code}", outcome_known=True
+                ) from error
+            if int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) >= 500:
+                raise StoreUnavailable(
+                    f"DynamoDB {operation} failed: {code}", outcome_known=operation not in _WRITES
+                ) from error
             raise StoreError(f"DynamoDB {operation} failed: {code}: {error}") from error
+        except _UNANSWERED as error:
+            raise StoreUnavailable(
+                f"DynamoDB {operation} did not answer: {type(error).__name__}",
+                # Nothing was sent when no connection was made; botocore may
+                # have sent an earlier attempt, so only reads are sure.
+                outcome_known=operation not in _WRITES,
+            ) from error
         except BotoCoreError as error:
             raise StoreError(f"DynamoDB {operation} failed: {error}") from error
 

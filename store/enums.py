@@ -19,6 +19,27 @@ class TrustLevel(StrEnum):
     CLOSED = "CLOSED"
 
 
+class PostingPolicy(StrEnum):
+    """Who may post (create uploads) in a family: a setting its ADMINs change."""
+
+    EVERYONE = "EVERYONE"
+    ADMINS = "ADMINS"
+
+
+class FamilyEventType(StrEnum):
+    """What the admins' record of a family lists, one entry per change."""
+
+    ROLE_CHANGED = "ROLE_CHANGED"
+    MEMBER_JOINED = "MEMBER_JOINED"
+    MEMBER_APPROVED = "MEMBER_APPROVED"
+    MEMBER_REMOVED = "MEMBER_REMOVED"
+    MEMBER_LEFT = "MEMBER_LEFT"
+    INVITE_CREATED = "INVITE_CREATED"
+    INVITE_REVOKED = "INVITE_REVOKED"
+    INVITE_CODE_ROTATED = "INVITE_CODE_ROTATED"
+    SETTINGS_CHANGED = "SETTINGS_CHANGED"
+
+
 class ContentType(StrEnum):
     VIDEO = "VIDEO"
     AUDIO = "AUDIO"

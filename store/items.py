@@ -14,7 +14,15 @@ from typing import Any, ClassVar
 
 from store import keys
 from store.codec import Record
-from store.enums import DIGESTS, CapsuleStatus, ContentStatus, EmailPreference, ExportStatus, NotificationType
+from store.enums import (
+    DIGESTS,
+    CapsuleStatus,
+    ContentStatus,
+    EmailPreference,
+    ExportStatus,
+    NotificationType,
+    PostingPolicy,
+)
 from store.port import TTL_ATTRIBUTE, Condition, Item, Key, NotExists, Update, any_of, eq
 
 
@@ -61,6 +69,13 @@ def digest_index(user_id: str, preference: str, digested_until: str) -> dict[str
 
 @dataclass(frozen=True)
 class Family(Record):
+    """`admin_user_id` is the family's creator. Who is an ADMIN now, and since
+    when, is one top-level attribute per ADMIN (`keys.admin_attribute`), moved
+    in the same update as `adminCount`; a family from before holds none of them,
+    and reads as run by its creator alone."""
+
+    DERIVED: ClassVar[frozenset[str]] = frozenset({"admins"})
+
     id: str
     name: str
     admin_user_id: str
@@ -68,10 +83,37 @@ class Family(Record):
     vouch_threshold: int
     invite_code: str
     created_at: str
+    posting_policy: str = PostingPolicy.EVERYONE
+    # The family's own code admits people while this holds; an ADMIN may turn it off.
+    invite_code_enabled: bool = True
+    admins: dict[str, str] = field(default_factory=dict)  # user id -> ADMIN since
 
     @property
     def key(self) -> Key:
         return keys.family(self.id)
+
+    def extra_attributes(self) -> Item:
+        return {keys.admin_attribute(user_id): since for user_id, since in self.admins.items()}
+
+    @classmethod
+    def derived_from(cls, item: Item) -> dict[str, Any]:
+        prefix = keys.ADMIN_ATTRIBUTE_PREFIX
+        return {
+            "admins": {name[len(prefix) :]: str(v) for name, v in item.items() if name.startswith(prefix)}
+        }
+
+    @property
+    def legacy_admins(self) -> bool:
+        """Written before co-admins: no ADMIN attribute yet."""
+        return not self.admins
+
+    def admin_since(self) -> dict[str, str]:
+        """Every ADMIN now, with the moment they became one."""
+        return dict(self.admins) if self.admins else {self.admin_user_id: self.created_at}
+
+    def longest_standing_admin(self) -> str:
+        since = self.admin_since()
+        return min(since, key=lambda user_id: (since[user_id], user_id))
 
 
 @dataclass(frozen=True)
@@ -116,12 +158,77 @@ class Vouch(Record):
 
 @dataclass(frozen=True)
 class Invite(Record):
+    """A code and the family it admits to: the family's own code (no
+    `invite_id`), or an invite an ADMIN made, whose limits and count are on its
+    `FamilyInvite`."""
+
     code: str
     family_id: str
+    invite_id: str | None = None
 
     @property
     def key(self) -> Key:
         return keys.invite(self.code)
+
+
+@dataclass(frozen=True)
+class FamilyInvite(Record):
+    """An invite an ADMIN made: at most `max_uses` joins (None: no limit),
+    until `expires_at` (None: no end), until revoked. `uses` only moves under a
+    condition that checks all three, in the joining transaction. With an
+    `email`, it stays in the invitations' mail outbox (GSI2) until the mailer
+    settles it (`mail_state`)."""
+
+    family_id: str
+    id: str
+    code: str
+    created_by: str
+    created_at: str
+    max_uses: int | None = None
+    uses: int = 0
+    ends_at: str | None = None
+    revoked_at: str | None = None
+    email: str | None = None
+    mail_state: str | None = None
+
+    @property
+    def key(self) -> Key:
+        return keys.family_invite(self.family_id, self.id)
+
+    def index_keys(self) -> Item:
+        if self.email is None or self.mail_state is not None:
+            return {}
+        gsi2pk, gsi2sk = keys.invite_mail_outbox_gsi2(self.created_at, self.family_id, self.id)
+        return {"GSI2PK": gsi2pk, "GSI2SK": gsi2sk}
+
+    def refusal(self, now: str) -> str | None:
+        """Why this invite admits nobody now, or None."""
+        if self.revoked_at is not None:
+            return "that invite was revoked by the family's admin"
+        if self.ends_at is not None and self.ends_at <= now:
+            return "that invite has expired; ask the family's admin for a new one"
+        if self.max_uses is not None and self.uses >= self.max_uses:
+            return "that invite has been used up; ask the family's admin for a new one"
+        return None
+
+
+@dataclass(frozen=True)
+class FamilyEvent(Record):
+    """One entry of the admins' record, written in the transaction of the change it records."""
+
+    RENAMED: ClassVar[Mapping[str, str]] = {"type": "eventType"}
+
+    family_id: str
+    id: str
+    type: str  # a store.enums.FamilyEventType
+    actor_id: str
+    created_at: str
+    subject_id: str | None = None
+    detail: str | None = None
+
+    @property
+    def key(self) -> Key:
+        return keys.family_event(self.family_id, self.created_at, self.id)
 
 
 @dataclass(frozen=True)
@@ -495,6 +602,8 @@ class AccountDeletion(Record):
     # Who is working on it, and until when (the sweep takes it over afterwards).
     lease_until: str | None = None
     lease_owner: str | None = None
+    # family id -> the MEMBER who becomes ADMIN there as the person leaves it.
+    successors: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> Key:
@@ -557,3 +666,26 @@ class DigestMarker(Record):
     @property
     def key(self) -> Key:
         return keys.digest_marker(self.user_id, self.period_end)
+
+
+@dataclass(frozen=True)
+class IdempotentRequest(Record):
+    """A mutation sent with an Idempotency-Key, for 24 hours (`expires_at`,
+    the table's TTL attribute). `state`: RUNNING while an attempt runs it;
+    COMMITTED once its write landed (written in the write's own transaction
+    where there is one); DONE with the `result` to answer retries with."""
+
+    RENAMED: ClassVar[Mapping[str, str]] = {"expires_at": TTL_ATTRIBUTE}
+
+    user_id: str
+    idempotency_key: str
+    request: str  # SHA-256 of the operation and its variables
+    attempt: str  # the attempt running it (a takeover changes it)
+    state: str
+    started_at: float  # Unix seconds, when the current attempt began
+    expires_at: int
+    result: str | None = None  # the answer, as JSON
+
+    @property
+    def key(self) -> Key:
+        return keys.idempotency(self.user_id, self.idempotency_key)

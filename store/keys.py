@@ -68,7 +68,41 @@ def vouch_prefix(user_id: str) -> str:
 
 
 def invite(code: str) -> Key:
+    """What a code admits to: the family's own code, or one of its invites."""
     return (f"INVITE#{code}", "META")
+
+
+def family_invite(family_id: str, invite_id: str) -> Key:
+    """An invite an ADMIN made (limits and counts), in its family's partition."""
+    return (f"FAMILY#{family_id}", f"INVITE#{invite_id}")
+
+
+FAMILY_INVITE_PREFIX = "INVITE#"
+
+INVITE_MAIL_OUTBOX_PK = "INVITE_MAIL_OUTBOX"
+
+
+def invite_mail_outbox_gsi2(created_at: str, family_id: str, invite_id: str) -> tuple[str, str]:
+    """An invite still to be emailed: the invite itself carries these keys
+    until the mailer settles it, so the email is written with the invite."""
+    return (INVITE_MAIL_OUTBOX_PK, f"{created_at}#{family_id}#{invite_id}")
+
+
+def family_event(family_id: str, created_at: str, event_id: str) -> Key:
+    """One entry of the admins' record, by time."""
+    return (f"FAMILY#{family_id}", f"EVENT#{created_at}#{event_id}")
+
+
+FAMILY_EVENT_PREFIX = "EVENT#"
+
+
+def admin_attribute(user_id: str) -> str:
+    """The family item's attribute that says `user_id` is an ADMIN, and since when
+    (top-level, so that one update of the family item moves it with the count)."""
+    return f"A#{user_id}"
+
+
+ADMIN_ATTRIBUTE_PREFIX = "A#"
 
 
 # Content ----------------------------------------------------------------------
@@ -206,6 +240,11 @@ def unlock_outbox(committed_at: str, capsule_id: str, shards: int) -> Key:
 def readiness_probe() -> Key:
     """Read by /readyz: an item that never exists, so the read is the cheapest there is."""
     return ("PROBE", "READINESS")
+
+
+def readiness_write(process: str) -> Key:
+    """Written by /readyz, one per process (with a TTL): the store can write."""
+    return ("PROBE", f"WRITE#{process}")
 
 
 # Notifications ----------------------------------------------------------------
@@ -368,3 +407,9 @@ def persisted_document(sha256_hex: str) -> Key:
     """A GraphQL document registered through automatic persisted queries, by
     the SHA-256 of its text (64 lower-case hex digits, checked by the caller)."""
     return (f"PERSISTED#{sha256_hex}", "DOC")
+
+
+def idempotency(user_id: str, key: str) -> Key:
+    """A person's Idempotency-Key: hashed, so that any text the client chose
+    stays out of the key space (and keys of any length fit)."""
+    return (f"IDEMPOTENCY#{user_id}", hashlib.sha256(key.encode()).hexdigest())

@@ -190,6 +190,16 @@ class InvalidCursor(StoreError):
     pass
 
 
+class StoreUnavailable(StoreError):
+    """The store did not answer (a timeout, a lost connection, throttling past
+    the retries, a full disk). `outcome_known` is False for a write that was
+    sent and not answered: it may or may not have been applied."""
+
+    def __init__(self, message: str, *, outcome_known: bool) -> None:
+        super().__init__(message)
+        self.outcome_known = outcome_known
+
+
 MAX_TRANSACTION_ITEMS = 100
 
 

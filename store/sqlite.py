@@ -9,8 +9,9 @@ its write made with no other writer in between, across processes too.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from store.port import (
     Put,
     SortKey,
     StoreError,
+    StoreUnavailable,
     TransactionCancelled,
     Update,
     WriteOp,
@@ -184,8 +186,25 @@ class SqliteTable:
             (item["PK"], item["SK"], *g1, *g2, orjson.dumps(item).decode()),
         )
 
-    def _begin(self) -> None:
-        self._db.execute("BEGIN IMMEDIATE")
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction: rolled back on any error, so every failure
+        leaves nothing applied; SQLite failing to write (a full disk, an I/O
+        error, the file locked past the timeout) is StoreUnavailable."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as error:
+            raise StoreUnavailable(f"SQLite: {error}", outcome_known=True) from error
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except BaseException as error:
+            if self._db.in_transaction:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.execute("ROLLBACK")
+            if isinstance(error, sqlite3.OperationalError):
+                raise StoreUnavailable(f"SQLite: {error}", outcome_known=True) from error
+            raise
 
     def _check(self, key: Key, current: Item | None, condition: Condition | None) -> None:
         if condition is not None and not matches(condition, current):
@@ -194,54 +213,34 @@ class SqliteTable:
     async def put(self, item: Item, condition: Condition | None = None) -> None:
         _validate(item)
         key = (item["PK"], item["SK"])
-        self._begin()
-        try:
+        with self._transaction():
             self._check(key, self._read(key), condition)
             self._write(key, item)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     async def update(self, update: Update) -> Item:
         _check_keeps_key(update)
-        self._begin()
-        try:
+        with self._transaction():
             current = self._read(update.key)
             self._check(update.key, current, update.condition)
             new = apply_update(current, update)
             self._write(update.key, new)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
         return new
 
     async def delete(self, key: Key, condition: Condition | None = None) -> Item | None:
-        self._begin()
-        try:
+        with self._transaction():
             current = self._read(key)
             self._check(key, current, condition)
             self._write(key, None)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
         return current
 
     async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
         for item in puts:
             _validate(item)
-        self._begin()
-        try:
+        with self._transaction():
             for item in puts:
                 self._write((item["PK"], item["SK"]), item)
             for key in deletes:
                 self._write(key, None)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     async def transact(self, ops: Sequence[WriteOp]) -> None:
         if not ops:
@@ -254,8 +253,7 @@ class SqliteTable:
         op_keys = [op_key(op) for op in ops]
         if len(set(op_keys)) != len(op_keys):
             raise StoreError("a transaction may touch each item only once")
-        self._begin()
-        try:
+        with self._transaction():
             currents = [self._read(key) for key in op_keys]
             failed = [
                 Cancellation(i, key, "ConditionalCheckFailed")
@@ -273,10 +271,6 @@ class SqliteTable:
                     self._write(key, None)
                 elif not isinstance(op, Check):
                     raise TypeError(f"unknown write {op!r}")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     async def ping(self) -> None:
         self._db.execute("SELECT 1").fetchone()

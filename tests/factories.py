@@ -62,7 +62,7 @@ async def put_bytes(api: Any, url: str, body: bytes, mime: str) -> int:
     return int(response.status_code)
 
 
-async def put_then_drop(api: Any, url: str, body: bytes, sent: int) -> int:
+async def put_then_drop(api: Any, url: str, body: bytes, sent: int, mime: str | None = None) -> int:
     """Starts a PUT of `body` and loses the connection after `sent` bytes.
 
     Local URLs: the app gets the first bytes, then `http.disconnect`, as
@@ -73,6 +73,8 @@ async def put_then_drop(api: Any, url: str, body: bytes, sent: int) -> int:
     """
     parts = urlsplit(url)
     headers = [(b"content-length", str(len(body)).encode()), (b"host", parts.netloc.encode())]
+    if mime is not None:  # a whole object's URL is signed for its type; a part's for none
+        headers.append((b"content-type", mime.encode()))
     if url.startswith("http://127.0.0.1:8000/"):
         chunks = [body[i : min(i + (1 << 20), sent)] for i in range(0, sent, 1 << 20)]
         status: list[int] = []

@@ -162,6 +162,13 @@ class RedisProcess:
 @contextlib.contextmanager
 def running_moto_server(log_dir: Path) -> Iterator[str]:
     """moto's server (see tests/moto_server.py) on a free local port; yields its URL."""
+    with moto_server_process(log_dir) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def moto_server_process(log_dir: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """moto's server and its process (to stop it with SIGSTOP, as a stalled table)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = log_dir / "moto_server.log"
@@ -186,8 +193,9 @@ def running_moto_server(log_dir: Path) -> Iterator[str]:
                 if time.monotonic() > deadline:
                     pytest.fail(f"moto_server did not answer on {url}:\n{log_path.read_text()}")
                 time.sleep(0.1)
-        yield url
+        yield url, process
     finally:
+        process.send_signal(signal.SIGCONT)
         process.terminate()
         try:
             process.wait(timeout=10)

@@ -29,7 +29,7 @@ from tests.servers import ROOT, SECRET, free_port
 
 
 class FailingTable:
-    """Fault injection through the port: point reads fail as a broken store would."""
+    """Fault injection through the port: point reads and writes fail as a broken store would."""
 
     def __init__(self, inner: Table) -> None:
         self.inner = inner
@@ -47,6 +47,11 @@ class FailingTable:
         if self.broken:
             raise RuntimeError("disk on fire at /var/lib/secret-path")
         return await self.inner.get(key)
+
+    async def put(self, item: Any, condition: Any = None) -> None:
+        if self.broken:
+            raise RuntimeError("disk on fire at /var/lib/secret-path")
+        await self.inner.put(item, condition)
 
     async def ping(self) -> None:
         if self.broken:

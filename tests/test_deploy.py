@@ -139,3 +139,39 @@ def _healthcheck(port: int) -> int:
 def test_the_images_health_check_asks_healthz(live_server: ServerProcess) -> None:
     assert _healthcheck(live_server.port) == 0
     assert _healthcheck(free_port()) == 1  # nobody listening
+
+
+def test_the_alarms_metric_filters_read_what_the_app_logs(tmp_path: Path) -> None:
+    """Every field a metric filter of the template reads is written, numeric,
+    in the JSON log lines of a real server (its scheduler's lag line included),
+    and the tasks are told to log JSON."""
+    import json
+    import time
+
+    template = _template()
+    resources = template["Resources"]
+    wanted: set[str] = set()
+    for resource in resources.values():
+        if resource["Type"] == "AWS::Logs::MetricFilter":
+            wanted |= set(re.findall(r"\$\.(\w+)", resource["Properties"]["FilterPattern"]))
+            for transformation in resource["Properties"]["MetricTransformations"]:
+                wanted |= set(re.findall(r"\$\.(\w+)", str(transformation["MetricValue"])))
+    assert "schedulerLagSeconds" in wanted
+    containers = resources["TaskDefinition"]["Properties"]["ContainerDefinitions"]
+    environment = {e["Name"]: e["Value"] for c in containers for e in c.get("Environment", [])}
+    assert environment.get("MIFAMILIAS_LOG_FORMAT") == "json"
+
+    server = ServerProcess(
+        tmp_path, {"MIFAMILIAS_LOG_FORMAT": "json", "MIFAMILIAS_UNLOCK_POLL_SECONDS": "0.5"}
+    ).start()
+    try:
+        deadline = time.monotonic() + 60  # bounds a failure only
+        while True:
+            lines = [json.loads(line) for line in server.log().splitlines() if line.startswith("{")]
+            found = {name for line in lines for name in wanted if isinstance(line.get(name), int | float)}
+            if found == wanted or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+    finally:
+        server.stop()
+    assert found == wanted, (wanted - found, lines[-5:])

@@ -14,7 +14,7 @@ from email.message import EmailMessage
 from email.parser import BytesParser
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import pytest
@@ -229,6 +229,53 @@ async def test_a_capsule_opening_is_mailed_once_to_each_recipient_who_chose_it(
     assert (await api.table.query(keys.MAIL_OUTBOX_PK, index="GSI2")).items == []
     assert (await other.run_once()).sent == 0
     assert len(inbox.everything()) == 1
+
+
+INVITE = """mutation($i: CreateInviteInput!) { createInvite(input: $i) { id code } }"""
+
+
+async def test_an_invite_with_an_email_is_mailed_once_with_its_code_and_link(
+    mail_api: tuple[Api, Inbox],
+) -> None:
+    api, inbox = mail_api
+    family_id = await family_with_members(api, "ana", ["ben"])
+    until = (api.clock.moment + timedelta(days=7)).isoformat()
+    invite = (
+        await api.ok(
+            INVITE,
+            {"i": {"familyId": family_id, "maxUses": 1, "expiresAt": until, "email": "tia@example.org"}},
+            as_="ana",
+        )
+    )["createInvite"]
+    # Written with the invite: the outbox holds it before any pass.
+    assert len((await api.table.query(keys.INVITE_MAIL_OUTBOX_PK, index="GSI2")).items) == 1
+    other = Mailer(table=api.table, settings=api.services.settings, clock=api.clock)
+    await asyncio.gather(mailer(api).run_once(), other.run_once())
+    (message,) = inbox.to("tia@example.org")
+    text = text_of(message)
+    assert invite["code"] in text and "Los García" in text and "Ana" in text
+    link = next(word for word in text.split() if word.startswith("http"))
+    assert urlsplit(link).path == mail.JOIN_PATH and invite["code"] in unquote(link)
+    assert message["List-Unsubscribe"] is None  # nothing else goes to that address
+    # Settled: never again, and out of the outbox.
+    assert (await api.table.query(keys.INVITE_MAIL_OUTBOX_PK, index="GSI2")).items == []
+    assert (await mailer(api).run_once()).sent == 0
+    assert len(inbox.to("tia@example.org")) == 1
+    # The invitation works: the code from the email gets its reader in.
+    code = next(line.split(": ", 1)[1] for line in text.splitlines() if line.startswith("Your invite code"))
+    data = await api.ok(
+        "mutation($c: String!) { joinFamily(inviteCode: $c) { role } }", {"c": code}, as_="tia"
+    )
+    assert data["joinFamily"]["role"] == "MEMBER"
+
+    # An invite revoked before the pass is not mailed.
+    revoked = (await api.ok(INVITE, {"i": {"familyId": family_id, "email": "tio@example.org"}}, as_="ana"))[
+        "createInvite"
+    ]
+    await api.ok("mutation($id: ID!) { revokeInvite(id: $id) }", {"id": revoked["id"]}, as_="ana")
+    assert (await mailer(api).run_once()).skipped == 1
+    assert inbox.to("tio@example.org") == []
+    assert (await api.table.query(keys.INVITE_MAIL_OUTBOX_PK, index="GSI2")).items == []
 
 
 async def test_digests_go_out_once_per_period_and_never_show_sealed_content(

@@ -369,6 +369,14 @@ async def _refuses_connections(server: ServerProcess) -> bool:
     return False
 
 
+async def _shutting_down(server: ServerProcess) -> bool:
+    """A new connection's /readyz answers 503 "shutting down"; a refused
+    connection before that fails the test (the window was missed)."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.get(f"{server.url}/readyz")
+    return response.status_code == 503 and response.json().get("server") == "shutting down"
+
+
 async def test_sigterm_closes_sockets_with_1001_and_lets_a_request_finish(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data", {"MIFAMILIAS_AUTH_SECRET": SECRET}).start()
     try:
@@ -429,9 +437,12 @@ async def test_sigterm_closes_sockets_with_1001_and_lets_a_request_finish(tmp_pa
             # Answered on a later connection: the upload's was accepted and read before it.
             assert (await client.get(f"{server.url}/healthz")).status_code == 200
             assert server.process is not None
+            assert (await client.get(f"{server.url}/readyz")).status_code == 200  # it is probed
             server.process.send_signal(signal.SIGTERM)
             for connection in sockets:
                 assert await _closed_with(connection) == (1001, "going away")
+            # A new probe is answered 503 "shutting down" before the port closes.
+            await until(lambda: _shutting_down(server), "/readyz to answer 503 shutting down", seconds=30)
             await until(lambda: _refuses_connections(server), "the server to stop accepting", seconds=30)
             go_on.set()
             response = await upload

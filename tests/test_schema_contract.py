@@ -121,6 +121,8 @@ def test_the_graphql_enums_hold_exactly_the_store_enums() -> None:
         graphql_enums.DataExportStatus: store_enums.ExportStatus,
         graphql_enums.EmailPreference: store_enums.EmailPreference,
         graphql_enums.PushPlatform: store_enums.PushPlatform,
+        graphql_enums.PostingPolicy: store_enums.PostingPolicy,
+        graphql_enums.FamilyEventType: store_enums.FamilyEventType,
     }
     for graphql_enum, store_enum in pairs.items():
         assert {m.name: m.value for m in graphql_enum} == {m.name: m.value for m in store_enum}

@@ -222,6 +222,20 @@ def operations(api: Client, world: dict[str, Any]) -> list[Op]:
         data = await api.ok(REGISTER_DEVICE, {"i": web_subscription("ben-laptop")}, as_="ben")
         return {"id": data["registerPushDevice"]["id"]}
 
+    async def invite_made() -> dict[str, Any]:
+        data = await api.ok(
+            "mutation($f: ID!) { createInvite(input: {familyId: $f}) { id } }", {"f": f}, as_="ana"
+        )
+        return {"id": data["createInvite"]["id"]}
+
+    async def admins_posting() -> dict[str, Any]:
+        await api.ok(
+            "mutation($f: ID!) { updateFamilySettings(input: {familyId: $f, postingPolicy: ADMINS}) { id } }",
+            {"f": v},
+            as_="ana",
+        )
+        return {"f": v}
+
     def fixed(**variables: Any) -> Setup:
         async def given() -> dict[str, Any]:
             return variables
@@ -304,6 +318,34 @@ def operations(api: Client, world: dict[str, Any]) -> list[Op]:
             fixed(f=f, u="gus"),
         ),
         Op("leaveFamily", "mutation($f: ID!) { leaveFamily(familyId: $f) }", "eve", fixed(f=f)),
+        Op(
+            "setMemberRole",
+            "mutation($f: ID!, $u: ID!) { setMemberRole(familyId: $f, userId: $u, role: ADMIN) { role } }",
+            "ana",
+            fixed(f=f, u="dee"),
+        ),
+        Op(
+            "createInvite",
+            "mutation($f: ID!) { createInvite(input: {familyId: $f, maxUses: 3}) { id code uses } }",
+            "ana",
+            fixed(f=f),
+        ),
+        Op("revokeInvite", "mutation($id: ID!) { revokeInvite(id: $id) }", "ana", invite_made),
+        Op(
+            "updateFamilySettings",
+            "mutation($f: ID!) { updateFamilySettings(input: {familyId: $f, postingPolicy: EVERYONE}) "
+            "{ postingPolicy } }",
+            "ana",
+            admins_posting,
+        ),
+        Op(
+            "family",
+            "query($f: ID!) { family(id: $f) { admin { givenName } admins { givenName } invites { code uses } "
+            "activity(first: 20) { edges { node { type actor { givenName } subject { givenName } createdAt } } } } }",
+            "ana",
+            fixed(f=f),
+            "the admins' view",
+        ),
         Op(
             "createUpload",
             "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id status } } }",

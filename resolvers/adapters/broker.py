@@ -34,6 +34,24 @@ def content_channel(content_id: str) -> str:
     return f"content:{content_id}"
 
 
+# Told to every local subscriber when events may have been missed (the broker
+# lost its connection, or a publish failed): each re-reads from the table.
+RESYNC: Event = {"kind": "resync"}
+
+
+async def publish_committed(broker: Broker | None, events: Sequence[tuple[str, Event]]) -> None:
+    """Publishes what a committed write announces, best effort: a failure is
+    logged and never raised into the write, which is done. The streams miss
+    nothing: this process's re-read from the table now, the others' when
+    their broker connection comes back."""
+    if broker is None or not events:
+        return
+    try:
+        await broker.publish_many(events)
+    except Exception:
+        broker.publish_failed()
+
+
 class Broker(Protocol):
     async def publish(self, channel: str, event: Event) -> None: ...
 
@@ -44,6 +62,9 @@ class Broker(Protocol):
 
     async def ping(self) -> None:
         """Raises when the broker cannot carry events now (readiness)."""
+
+    def publish_failed(self) -> None:
+        """A publish did not get out: the local streams re-read from the table."""
 
     async def close(self) -> None: ...
 
@@ -98,6 +119,11 @@ class _Fanout:
         finally:
             self.metrics.delivered(channel, delivered, dropped)
 
+    def resync(self) -> None:
+        """Tells every local subscriber to re-read what it may have missed."""
+        for channel in tuple(self.queues):
+            self.deliver_soon(channel, RESYNC)
+
     @contextlib.asynccontextmanager
     async def listen(self, channel: str) -> AsyncIterator[asyncio.Queue[Event]]:
         queue: asyncio.Queue[Event] = asyncio.Queue(QUEUE_LIMIT)
@@ -138,6 +164,9 @@ class InProcessBroker:
     async def ping(self) -> None:
         pass  # the process itself: nothing to be down
 
+    def publish_failed(self) -> None:
+        self._fanout.resync()
+
     async def close(self) -> None:
         pass
 
@@ -156,10 +185,32 @@ class RedisBroker:
         self.metrics = self._fanout.metrics
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        # Channels with local subscribers that Redis has not confirmed (it was
+        # down when they came): the reader subscribes them when it is back.
+        self._missing: set[str] = set()
+        self._down = False  # as last seen: one warning when it goes, one when it returns
+        self._reader_down = False
+
+    def _went(self, what: str) -> None:
+        if not self._down:
+            self._down = True
+            log.warning(
+                "Redis is not answering (%s); live events wait, streams catch up when it returns", what
+            )
+
+    def _back(self) -> None:
+        if self._down:
+            self._down = False
+            log.warning("Redis answers again; live streams catch up from the table")
+
+    def publish_failed(self) -> None:
+        self._went("a publish failed")
+        self._fanout.resync()
 
     async def publish(self, channel: str, event: Event) -> None:
         self.metrics.published(channel)
         await self._redis.publish(self._prefix + channel, json.dumps(event))
+        self._back()
 
     async def publish_many(self, events: Sequence[tuple[str, Event]]) -> None:
         if not events:
@@ -170,17 +221,29 @@ class RedisBroker:
                 self.metrics.published(channel)
                 pipe.publish(self._prefix + channel, json.dumps(event))
             await pipe.execute()
+        self._back()
 
     async def _read(self) -> None:
         while True:
             try:
+                if self._missing:
+                    missing = tuple(self._missing)
+                    await self._pubsub.subscribe(*(self._prefix + channel for channel in missing))
+                    self._missing.difference_update(missing)
                 message = await self._pubsub.get_message(timeout=1.0)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("redis pub/sub read failed; retrying")
+            except Exception as error:
+                self._reader_down = True
+                self._went(type(error).__name__)
                 await asyncio.sleep(0.5)
                 continue
+            if self._reader_down:
+                # Reconnected (redis-py subscribed its channels again): what
+                # was published meanwhile is gone, so the streams re-read.
+                self._reader_down = False
+                self._back()
+                self._fanout.resync()
             if message is None or message.get("type") != "message":
                 continue
             channel = message["channel"].decode()[len(self._prefix) :]
@@ -191,7 +254,14 @@ class RedisBroker:
         async with self._fanout.listen(channel) as queue:
             async with self._lock:
                 if len(self._fanout.queues[channel]) == 1:
-                    await self._pubsub.subscribe(self._prefix + channel)
+                    try:
+                        await self._pubsub.subscribe(self._prefix + channel)
+                    except Exception as error:
+                        # Redis is down: the stream starts all the same, and
+                        # hears from the channel once the reader is back.
+                        self._went(type(error).__name__)
+                        self._missing.add(channel)
+                        self._reader_down = True
                 if self._reader is None:
                     self._reader = asyncio.create_task(self._read())
             try:
@@ -199,7 +269,9 @@ class RedisBroker:
             finally:
                 async with self._lock:
                     if len(self._fanout.queues.get(channel, ())) <= 1:
-                        await self._pubsub.unsubscribe(self._prefix + channel)
+                        self._missing.discard(channel)
+                        with contextlib.suppress(Exception):  # down: it goes with the connection
+                            await self._pubsub.unsubscribe(self._prefix + channel)
 
     async def ping(self) -> None:
         await self._redis.ping()

@@ -10,11 +10,12 @@ PUT, step by step, each refusal leaving nothing on disk:
    (as S3 does with a presigned PUT) -> else 403. The URL is not consumed.
 3. `claim` consumes the URL's nonce atomically (an O_EXCL marker file), before
    any byte is read: of two requests racing with one URL exactly one goes on,
-   the other gets 403. From here on the URL is spent whatever happens: a body
-   over the announced size (413), a dropped connection (400) or a server error
-   all burn it, and the client asks for a new URL. This is the safe choice: a
-   URL can carry at most one body, ever, so a leaked URL cannot be replayed
-   nor used to push bytes again and again.
+   the other gets 403. A URL carries at most one stored body, ever, so a
+   leaked URL cannot be replayed. A body over the announced size (413) spends
+   it; a body that did not land through no fault of its own gives the URL
+   back (`release`), so the client sends it again with the same URL: a
+   dropped connection (400), a full disk (507, with Retry-After) or another
+   disk error (503).
 4. A `Content-Length` over the announced size -> 413 without reading the body;
    otherwise the body is streamed to a temp file and refused with 413 as soon
    as it goes over the size. Only a body within the size is renamed into place
@@ -35,12 +36,16 @@ HTML or SVG in the app's origin.
 from __future__ import annotations
 
 import asyncio
+import errno
+import logging
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from store.blobs import BlobAccessDenied, BlobNotFound, BlobTooLarge, LocalBlobStore
+
+log = logging.getLogger("mifamilias.media")
 
 _SAFE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -51,6 +56,23 @@ _SAFE_HEADERS = {
 
 def _denied(exc: BlobAccessDenied) -> Response:
     return PlainTextResponse(exc.reason, status_code=403)
+
+
+def _disk_error(error: OSError) -> Response:
+    """The body did not land through no fault of the client's: it may send it
+    again, with the same URL, later."""
+    log.warning("a media PUT did not land: %s", error)
+    if error.errno == errno.ENOSPC:
+        return PlainTextResponse(
+            "the server's disk is full; send the same request again later",
+            status_code=507,
+            headers={"Retry-After": "60"},
+        )
+    return PlainTextResponse(
+        "the server could not store the body; send the same request again later",
+        status_code=503,
+        headers={"Retry-After": "10"},
+    )
 
 
 def media_routes(blobs: LocalBlobStore) -> list[Route]:
@@ -72,6 +94,8 @@ def media_routes(blobs: LocalBlobStore) -> list[Route]:
             blobs.claim(verified)
         except BlobAccessDenied as exc:
             return _denied(exc)
+        except OSError as error:
+            return _disk_error(error)
         if declared is not None and int(declared) > verified.size:
             return PlainTextResponse("body larger than announced", status_code=413)
         try:
@@ -84,7 +108,11 @@ def media_routes(blobs: LocalBlobStore) -> list[Route]:
         except BlobNotFound:
             return PlainTextResponse("the upload is no longer open", status_code=404)
         except ClientDisconnect:
+            blobs.release(verified)
             return PlainTextResponse("client disconnected", status_code=400)
+        except OSError as error:
+            blobs.release(verified)
+            return _disk_error(error)
         return Response(status_code=200)
 
     async def get_media(request: Request) -> Response:

@@ -121,6 +121,10 @@ class Settings(BaseSettings):
     # How often an idle subscription hears from the server (WebSocket ping or
     # `ka`, an SSE comment, an empty multipart part), so proxies keep it open.
     keepalive_seconds: PositiveFloat = 12.0
+    # A subscriber whose socket takes nothing for this long, or whose send
+    # queue (`send_queue_frames` frames) fills, is let go (WebSocket 4408).
+    slow_client_seconds: PositiveFloat = 30.0
+    send_queue_frames: Annotated[int, Field(ge=1)] = 256
     rate_limits: str | None = None
     trusted_proxies: CommaSeparated = ()
     pipeline_workers: int = 2

@@ -37,6 +37,28 @@ class RateLimited(ApiError):
     code = "RATE_LIMITED"
 
 
+class Unavailable(ApiError):
+    """The service cannot answer now (its store did not answer, or the
+    operation ran out of time); `retryAfter` says when to try again, and
+    `outcome: "UNKNOWN"` that a write may or may not have been applied."""
+
+    code = "UNAVAILABLE"
+
+
+# Seconds a client waits before retrying an UNAVAILABLE answer.
+RETRY_AFTER_SECONDS = 2
+
+
+def unavailable(message: str, *, outcome_known: bool = True) -> Unavailable:
+    if outcome_known:
+        return Unavailable(message, retryAfter=RETRY_AFTER_SECONDS)
+    return Unavailable(
+        message + "; it may or may not have been applied: retry it with the same Idempotency-Key",
+        retryAfter=RETRY_AFTER_SECONDS,
+        outcome="UNKNOWN",
+    )
+
+
 class PersistedQueryNotFound(ApiError):
     """Apollo's automatic persisted queries: a hash this server does not know;
     the client sends it again with the query."""

@@ -142,6 +142,11 @@ class TextFormatter(logging.Formatter):
         return super().format(record)
 
 
+# Fields a record may carry (`extra=`) that a JSON line shows; the deployment's
+# metric filters read some of them (tests/test_deploy.py checks which).
+LOGGED_FIELDS = ("request_id", "operation", "viewer", "duration_ms", "schedulerLagSeconds")
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line."""
 
@@ -152,7 +157,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        for name in ("request_id", "operation", "viewer", "duration_ms"):
+        for name in LOGGED_FIELDS:
             value = getattr(record, name, None)
             if value is not None:
                 line[name] = value

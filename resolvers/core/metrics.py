@@ -37,8 +37,11 @@ CODES = frozenset(
         "CONFLICT",
         "RATE_LIMITED",
         "INTERNAL_SERVER_ERROR",
+        "UNAVAILABLE",
     }
 )
+TRANSPORTS = frozenset({"graphql-transport-ws", "graphql-ws", "sse", "multipart"})
+SLOW_REASONS = frozenset({"queue_full", "stalled"})
 CHANNELS = frozenset({"capsules", "notifications", "content"})
 STORE_KINDS = frozenset(
     {"get", "batch_get", "query", "put", "update", "delete", "batch_write", "transact", "ping"}
@@ -110,6 +113,12 @@ class Metrics:
             "mifamilias_events_dropped",
             "Live events dropped for a subscriber too far behind",
             ["channel"],
+            registry=r,
+        )
+        self.slow_clients_closed = Counter(
+            "mifamilias_slow_clients_closed",
+            "Subscribers let go for reading too slowly, by transport and reason (queue_full, stalled)",
+            ["transport", "reason"],
             registry=r,
         )
         # Store
@@ -253,6 +262,12 @@ class Metrics:
             self._child(self.events_delivered, kind).inc(count)
         if dropped:
             self._child(self.events_dropped, kind).inc(dropped)
+
+    def slow_client_closed(self, transport: str, reason: str) -> None:
+        if self.enabled:
+            transport = transport if transport in TRANSPORTS else OTHER
+            reason = reason if reason in SLOW_REASONS else OTHER
+            self._child(self.slow_clients_closed, transport, reason).inc()
 
     # Store -------------------------------------------------------------------------
 

@@ -111,6 +111,25 @@ def clean_url(value: str, field: str) -> str:
     return url
 
 
+MAX_EMAIL = 254
+
+
+def clean_email(value: str, field: str) -> str:
+    """One address, as a person types it: something@domain, nothing around it."""
+    address = value.strip()
+    local, _, domain = address.rpartition("@")
+    if (
+        not local
+        or "." not in domain
+        or len(address) > MAX_EMAIL
+        or any(ch.isspace() or ch in '<>,;"()[]\\' or ord(ch) < 32 for ch in address)
+        or domain.startswith(".")
+        or domain.endswith(".")
+    ):
+        raise BadInput(f"{field} must be an email address, like ana@example.org")
+    return address
+
+
 def claim_text(value: object, max_length: int = 256) -> str | None:
     """A display claim from a token (a name, an email), or None when it is
     absent or would fool a reader: the profile then starts without it."""

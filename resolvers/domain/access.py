@@ -3,7 +3,8 @@
 Reading anything of a family (its content, capsules, comments, reactions, tags,
 media URLs, members and their profiles, and what notifications point to)
 requires the viewer to be a current MEMBER or ADMIN of that family at the time
-of the read. Being a capsule's creator or recipient never bypasses it. A
+of the read. A family's invites and its admins' record are its current ADMINs'
+alone. Being a capsule's creator or recipient never bypasses it. A
 PENDING member sees the family itself and their own membership, nothing more.
 
 Every resolver that fetches records asks `may_read` (or `readable` for a list),
@@ -29,6 +30,8 @@ from store.items import (
     Content,
     DataExport,
     Family,
+    FamilyEvent,
+    FamilyInvite,
     Membership,
     Notification,
     Recipient,
@@ -50,7 +53,19 @@ VISIBLE_TO_RECIPIENTS = frozenset(
 )
 OPEN = frozenset({CapsuleStatus.AVAILABLE, CapsuleStatus.VIEWED, CapsuleStatus.ARCHIVED})
 
-Record = Family | Membership | Content | Capsule | Comment | Recipient | Tag | Notification | DataExport
+Record = (
+    Family
+    | Membership
+    | Content
+    | Capsule
+    | Comment
+    | Recipient
+    | Tag
+    | Notification
+    | DataExport
+    | FamilyInvite
+    | FamilyEvent
+)
 R = TypeVar("R", bound=Record)
 
 # The record types the read guard checks, and the word a refusal uses.
@@ -64,6 +79,8 @@ GUARDED: dict[type, str] = {
     Tag: "tag",
     Notification: "notification",
     DataExport: "export",
+    FamilyInvite: "invite",
+    FamilyEvent: "family event",
 }
 
 
@@ -143,6 +160,9 @@ async def _decide(ctx: Context, record: Record) -> bool:
         return record.user_id == viewer
     if isinstance(record, Family):
         return await membership(ctx, record.id) is not None
+    if isinstance(record, FamilyInvite | FamilyEvent):
+        found = await membership(ctx, record.family_id)
+        return found is not None and found.role == Role.ADMIN
     if isinstance(record, Membership):
         return record.user_id == viewer or await reader(ctx, record.family_id) is not None
     if isinstance(record, Content):

@@ -1,7 +1,9 @@
 """Deleting one's account (issue 15), in steps that can stop anywhere and resume.
 
 `deleteMyAccount` first refuses (CONFLICT) while the person is the last ADMIN
-of a family that has other members. Then it writes the deletion marker
+of a family that has other members, unless it names a successor for that
+family (a current MEMBER, who becomes ADMIN as the person leaves it, in the
+same transaction). Then it writes the deletion marker
 (`USER#<id>` / `DELETING`, with the families the person belongs to), and from
 that moment the account counts as deleted: every later step reads what is
 left and removes it with a conditional write or a transaction, so running the
@@ -14,9 +16,10 @@ has run out.
 The steps, in order:
 
 1. memberships: left as `leaveFamily` leaves them (vouches for the person go
-   too). A family where the person is the last ADMIN and the only member is
-   dissolved: its invite goes first (nobody can join any more), then it is
-   marked `dissolving`, and step 6 deletes everything in its feed.
+   too), with the successor named for the family, if any. A family where the
+   person is the last ADMIN and the only member is dissolved: its invite codes
+   go first (nobody can join any more), then it is marked `dissolving`, and
+   step 6 deletes everything in its feed.
 2. vouches the person gave: deleted, and the vouchee's score lowered with them.
 3. capsules the person created: those not yet LOCKED, and those already open,
    are deleted with their content; a LOCKED (or UNLOCKING) capsule stays and
@@ -43,7 +46,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from resolvers.core.context import Context
-from resolvers.core.errors import Conflict, Unauthenticated
+from resolvers.core.errors import BadInput, Conflict, Unauthenticated
 from resolvers.core.leases import Lease
 from resolvers.domain import families, footprint, notifications, tags
 from resolvers.domain.content import REACTOR_ATTR
@@ -93,7 +96,8 @@ class LastAdmin(Conflict):
     def __init__(self, family_name: str) -> None:
         super().__init__(
             f"you are the last ADMIN of the family {family_name!r}, which has other members: "
-            "hand it over to another ADMIN (or remove its other members) before deleting your account"
+            "hand it over first: name a successor for it (successors: [{familyId, userId}], a current "
+            "MEMBER), make another member ADMIN, or remove its other members"
         )
 
 
@@ -118,10 +122,10 @@ def budget(ctx: Context) -> float | None:
 # Deciding -------------------------------------------------------------------------
 
 
-async def delete_my_account(ctx: Context) -> bool:
+async def delete_my_account(ctx: Context, successors: dict[str, str] | None = None) -> bool:
     user_id = subject(ctx)
     owner = uuid.uuid4().hex
-    marker = await _begin(ctx, user_id, owner)
+    marker = await _begin(ctx, user_id, owner, successors or {})
     # From here on this process makes a fresh profile at the person's next request.
     ctx.services.known_users.discard(user_id)
     try:
@@ -135,15 +139,25 @@ async def delete_my_account(ctx: Context) -> bool:
     return True
 
 
-async def _begin(ctx: Context, user_id: str, owner: str) -> AccountDeletion:
+async def _begin(ctx: Context, user_id: str, owner: str, successors: dict[str, str]) -> AccountDeletion:
     found = await ctx.table.get(keys.account_deletion(user_id))
     if found is not None:
         return AccountDeletion.from_item(found)  # decided before: finish it
     family_ids = await footprint.family_ids(ctx.table, user_id)
-    await _refuse_last_admin(ctx, user_id, family_ids)
+    strangers = sorted(set(successors) - set(family_ids))
+    if strangers:
+        raise BadInput(f"successors name a family you are not in: {strangers[0]}")
+    needed = await _refuse_last_admin(ctx, user_id, family_ids, successors)
     now = ctx.services.now()
     # Born held by this request, so the sweep leaves it alone.
-    marker = AccountDeletion(user_id, iso(now), tuple(family_ids), iso(now + lease_of(ctx)), owner)
+    marker = AccountDeletion(
+        user_id,
+        iso(now),
+        tuple(family_ids),
+        iso(now + lease_of(ctx)),
+        owner,
+        successors={family_id: successors[family_id] for family_id in needed},
+    )
     try:
         await ctx.table.put(marker.to_item(), NotExists())
     except ConditionFailed:
@@ -153,15 +167,31 @@ async def _begin(ctx: Context, user_id: str, owner: str) -> AccountDeletion:
     return marker
 
 
-async def _refuse_last_admin(ctx: Context, user_id: str, family_ids: list[str]) -> None:
+async def _refuse_last_admin(
+    ctx: Context, user_id: str, family_ids: list[str], successors: dict[str, str]
+) -> list[str]:
+    """The families where the person is the last ADMIN with others there, each
+    with its successor checked; LastAdmin for the first without one."""
     wanted = [keys.member(f, user_id) for f in family_ids] + [keys.family(f) for f in family_ids]
+    # A successor's membership joins the batch (never twice the same key: DynamoDB refuses that).
+    wanted += [keys.member(f, u) for f, u in successors.items() if keys.usable_id(u) and u != user_id]
     found = await ctx.table.batch_get(wanted) if wanted else {}
+    needed: list[str] = []
     for family_id in family_ids:
         membership, family = found.get(keys.member(family_id, user_id)), found.get(keys.family(family_id))
         if membership is None or family is None or membership.get("role") != Role.ADMIN:
             continue
         if int(family.get("adminCount", 1)) <= 1 and await _others(ctx, family_id, user_id):
-            raise LastAdmin(str(family.get("name", "")))
+            heir = successors.get(family_id)
+            if heir is None:
+                raise LastAdmin(str(family.get("name", "")))
+            heir_membership = found.get(keys.member(family_id, heir)) if keys.usable_id(heir) else None
+            if heir == user_id or heir_membership is None or heir_membership.get("role") != Role.MEMBER:
+                raise BadInput(
+                    f"the successor for {family.get('name', '')!r} must be a current MEMBER of that family"
+                )
+            needed.append(family_id)
+    return needed
 
 
 async def _others(ctx: Context, family_id: str, user_id: str) -> bool:
@@ -209,7 +239,7 @@ async def finish(ctx: Context, marker: AccountDeletion, owner: str) -> None:
         return
     try:
         for family_id in marker.family_ids:
-            await _leave(ctx, user_id, family_id)
+            await _leave(ctx, user_id, family_id, marker.successors.get(family_id))
     except LastAdmin:
         # Only when someone joined after the check: nothing of theirs is gone
         # but whole families left or dissolved; the person may try again later.
@@ -237,7 +267,7 @@ async def finish(ctx: Context, marker: AccountDeletion, owner: str) -> None:
 # 1. Memberships ----------------------------------------------------------------------
 
 
-async def _leave(ctx: Context, user_id: str, family_id: str) -> None:
+async def _leave(ctx: Context, user_id: str, family_id: str, successor_id: str | None = None) -> None:
     for _ in range(ATTEMPTS):
         found = await ctx.table.batch_get([keys.member(family_id, user_id), keys.family(family_id)])
         membership_item = found.get(keys.member(family_id, user_id))
@@ -251,12 +281,16 @@ async def _leave(ctx: Context, user_id: str, family_id: str) -> None:
             await ctx.table.batch_write(deletes=[membership.key, keys.user_family(user_id, family_id)])
             return
         family = Family.from_item(family_item)
-        if membership.role == Role.ADMIN and int(family_item.get("adminCount", 1)) <= 1:
+        last = membership.role == Role.ADMIN and int(family_item.get("adminCount", 1)) <= 1
+        if last and successor_id is None:
             await _dissolve(ctx, family, membership)
             return
         try:
-            await families.leave_as(ctx, family, membership)
+            await families.leave_as(ctx, family, membership, successor_id if last else None)
             return
+        except BadInput as error:
+            # The successor left (or was removed) since the deletion was decided.
+            raise LastAdmin(family.name) from error
         except Conflict:
             continue  # the membership changed meanwhile: read it again
     raise Conflict("your memberships keep changing; try again")
@@ -265,11 +299,15 @@ async def _leave(ctx: Context, user_id: str, family_id: str) -> None:
 async def _dissolve(ctx: Context, family: Family, membership: Membership) -> None:
     """The last ADMIN, alone in the family: nobody can join once the invite is
     gone, so reading the members afterwards sees everyone there will be."""
-    with contextlib.suppress(ConditionFailed):
-        await ctx.table.delete(keys.invite(family.invite_code), eq("familyId", family.id))
-    if await _others(ctx, family.id, membership.user_id):
+    codes = [Invite(family.invite_code, family.id)]
+    codes += [Invite(i.code, family.id, i.id) for i in await families.family_invites(ctx, family.id)]
+    for code in codes:
         with contextlib.suppress(ConditionFailed):
-            await ctx.table.put(Invite(family.invite_code, family.id).to_item(), NotExists())
+            await ctx.table.delete(code.key, eq("familyId", family.id))
+    if await _others(ctx, family.id, membership.user_id):
+        for code in codes:
+            with contextlib.suppress(ConditionFailed):
+                await ctx.table.put(code.to_item(), NotExists())
         raise LastAdmin(family.name)
     vouches = await all_items(
         ctx.table, keys.family_pk(family.id), SortKey.begins_with(keys.vouch_prefix(membership.user_id))

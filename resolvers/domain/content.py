@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import emoji as emoji_data
 
-from resolvers.adapters.broker import Broker, content_channel
+from resolvers.adapters.broker import Broker, content_channel, publish_committed
+from resolvers.core import idempotency
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, Forbidden, not_found
 from resolvers.core.pagination import ItemPage, query_page
@@ -33,6 +34,7 @@ from store.items import (
 )
 from store.port import (
     MAX_TRANSACTION_ITEMS,
+    Check,
     ConditionFailed,
     Delete,
     Exists,
@@ -77,11 +79,9 @@ def original_key(content: Content) -> str:
 
 
 async def publish_status(broker: Broker | None, content: Content) -> None:
-    if broker is not None:
-        await broker.publish(
-            content_channel(content.id),
-            {"kind": "content", "contentId": content.id, "status": content.status},
-        )
+    """After the status is committed: best effort (`publish_committed`)."""
+    event = {"kind": "content", "contentId": content.id, "status": content.status}
+    await publish_committed(broker, [(content_channel(content.id), event)])
 
 
 # Reading ----------------------------------------------------------------------
@@ -233,7 +233,10 @@ async def create_upload(
     settings = ctx.services.settings
     mime = _check_upload(settings.max_upload_bytes, content_type, mime_type, size_bytes)
     title = clean_optional(title, "title", MAX_TITLE)
-    await asyncio.gather(ctx.check_rate("upload"), families.readable_family(ctx, family_id))
+    _, (family, membership) = await asyncio.gather(
+        ctx.check_rate("upload"), families.readable_family(ctx, family_id)
+    )
+    families.check_may_post(family, membership)
     capsule: Capsule | None = None
     if capsule_id is not None:
         capsule = await _capsule_for_upload(ctx, capsule_id, family_id, viewer)
@@ -255,7 +258,11 @@ async def create_upload(
     if size_bytes > settings.multipart_threshold_bytes:
         upload_id = await blobs.start_multipart(original_key(content), content_type=mime)
         content = replace(content, upload_id=upload_id, part_size_bytes=settings.multipart_part_bytes)
-    ops: list[WriteOp] = [Put(content.to_item(), NotExists())]
+    ops: list[WriteOp] = [
+        Put(content.to_item(), NotExists()),
+        # Who may post is the family's setting at the write, not at the read.
+        Check(family.key, families.may_post_condition(family, viewer)),
+    ]
     if capsule is not None:
         ops.append(
             Update(
@@ -269,6 +276,9 @@ async def create_upload(
     except TransactionCancelled as error:
         if content.upload_id is not None:
             await blobs.abort_multipart(original_key(content), content.upload_id)
+        if error.failed_on(family.key):
+            ctx.loaders.forget(family.key)
+            raise Forbidden(families.ADMINS_ONLY) from error
         raise Conflict("the capsule already has its content or is no longer SCHEDULED") from error
     return await _upload_target(ctx, content, ())
 
@@ -412,8 +422,10 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
 
 
 async def _to_pipeline(ctx: Context, content: Content) -> None:
-    await publish_status(broker_of(ctx), content)
+    # The hand-off first: it cannot fail, and the pipeline's claim is in the
+    # table (a recovery pass finds the content PROCESSING if this process dies).
     ctx.services.pipeline.submit(content.id)
+    await publish_status(broker_of(ctx), content)
 
 
 async def retry_content(ctx: Context, content_id: str) -> Content:
@@ -574,12 +586,19 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
         notes, dict(zip(notifications.reads_for(notes), counters, strict=True))
     )
     before = await ctx.loaders.item.load(content.key)  # read by the rule: no round trip
+    # With an Idempotency-Key, the key lands with the comment or neither does.
+    ops += idempotency.commit_ops()
     try:
         # In the comment's own transaction: its id is new, so the note is too.
         await ctx.counted(
             "comment", notifications.write(ctx.table, broker_of(ctx), notes, prepared=prepared, beside=ops)
         )
     except TransactionCancelled as error:
+        attempt = idempotency.current()
+        if attempt is not None and attempt.lost(error):
+            raise idempotency.Superseded(
+                "another attempt with the same Idempotency-Key took this one over"
+            ) from error
         raise not_found("content") from error
     ctx.loaders.written([before], [count])
     return comment

@@ -34,7 +34,17 @@ from resolvers.core import leases
 from resolvers.domain.access import READERS
 from store import keys
 from store.enums import DIGESTS, CapsuleStatus, ContentStatus, EmailPreference, MailState, NotificationType
-from store.items import Capsule, Content, DigestMarker, Family, Notification, User, digest_index, iso
+from store.items import (
+    Capsule,
+    Content,
+    DigestMarker,
+    Family,
+    FamilyInvite,
+    Notification,
+    User,
+    digest_index,
+    iso,
+)
 from store.port import (
     Condition,
     ConditionFailed,
@@ -234,12 +244,73 @@ def capsule_message(
     )
 
 
+JOIN_PATH = "/join"
+
+
+def invitation_message(
+    head: Letterhead, invite: FamilyInvite, family: Family, inviter: User | None, now: datetime
+) -> EmailMessage:
+    """To someone who may have no account yet: no unsubscribe link, since
+    nothing else is ever sent to the address because of the invite."""
+    assert invite.email is not None
+    who = _name(inviter) if inviter else "An admin"
+    link = f"{head.base_url}{JOIN_PATH}?{urlencode({'code': invite.code})}"
+    limits = []
+    if invite.ends_at is not None:
+        limits.append(f"It works until {invite.ends_at[:16].replace('T', ' ')} UTC.")
+    if invite.max_uses == 1:
+        limits.append("It admits one person: you.")
+    body = (
+        f"{who} invites you to {_one_line(family.name)} on MiFamilias, a private space for the family.\n\n"
+        f"Your invite code: {invite.code}\n"
+        f"Join here: {link}\n"
+        + ("\n" + " ".join(limits) + "\n" if limits else "")
+        + "\nIf you did not expect this, ignore this email: nothing happens unless you join.\n"
+    )
+    message = EmailMessage()
+    message["From"] = head.sender
+    message["To"] = invite.email
+    message["Subject"] = _one_line(f"{who} invites you to {family.name} on MiFamilias", 200)
+    message["Date"] = format_datetime(now.astimezone(UTC))
+    message["Message-ID"] = head.message_id("invite", invite.family_id, invite.id)
+    message["Auto-Submitted"] = "auto-generated"
+    message.set_content(body)
+    return message
+
+
+@dataclass(frozen=True)
+class InvitationMail:
+    message: EmailMessage | None
+    reason: str = ""
+
+
+async def invitation_mail(
+    table: Table, head: Letterhead, invite: FamilyInvite, now: datetime
+) -> InvitationMail:
+    """The invitation as it stands at sending time: none for an invite that
+    admits nobody any more (revoked, expired, used up) or a family gone."""
+    reason = invite.refusal(iso(now))
+    if reason is not None:
+        return InvitationMail(None, reason)
+    found = await table.batch_get([keys.family(invite.family_id), keys.user(invite.created_by)])
+    family = found.get(keys.family(invite.family_id))
+    if family is None:
+        return InvitationMail(None, "the family is gone")
+    inviter = found.get(keys.user(invite.created_by))
+    return InvitationMail(
+        invitation_message(
+            head, invite, Family.from_item(family), User.from_item(inviter) if inviter else None, now
+        )
+    )
+
+
 # The capsule openings' outbox -----------------------------------------------------------
 
 
-# An opening's email is still to send while its notification has no settled
-# state (SENDING: claimed before the claim became a lease like any other).
-UNSENT = any_of(NotExists("mailState"), eq("mailState", MailState.SENDING))
+# An email is still to send while its item has no settled state (SENDING:
+# claimed before the claim became a lease like any other; null: an invite,
+# whose record holds the attribute from the start).
+UNSENT = any_of(NotExists("mailState"), eq("mailState", None), eq("mailState", MailState.SENDING))
 
 
 async def settle_outbox(table: Table, key: Key, owner: str, state: str, now: datetime) -> bool:

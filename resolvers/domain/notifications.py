@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from resolvers.adapters.broker import Broker, Event, user_channel
+from resolvers.adapters.broker import Broker, Event, publish_committed, user_channel
 from resolvers.core.context import Context
 from resolvers.core.errors import Conflict
 from resolvers.core.pagination import ItemPage, filtered_page
@@ -180,13 +180,12 @@ def push_wake(notes: Sequence[tuple[str, str, str]]) -> tuple[str, Event]:
 
 
 async def _announce(broker: Broker | None, notes: Sequence[Notification]) -> None:
-    if broker is None or not notes:
-        return
+    """After the notes are committed: best effort (`publish_committed`)."""
     events = [announcement(n.user_id, n.created_at, n.id) for n in notes]
     pushed = [(n.user_id, n.created_at, n.id) for n in notes if n.push_pending]
     if pushed:
         events.append(push_wake(pushed))
-    await broker.publish_many(events)
+    await publish_committed(broker, events)
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,11 @@ time, say) ends FAILED. The expiry sweep deletes what has expired.
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from resolvers.core import workdirs
 from resolvers.core.config import Settings
 from resolvers.domain import exports
 from resolvers.processes.leased import Claim, LeasedJob, LeaseSpec, cancelling
@@ -55,7 +55,7 @@ class ExportBuilder(LeasedJob):
             await exports.fail(self.table, export, self.owner, self.clock(), "the export could not be built")
             return
         try:
-            with tempfile.TemporaryDirectory(prefix="mifamilias-export-") as workdir:
+            with workdirs.work_dir("export") as workdir:
                 await exports.build(self.table, self.blobs, export, self.owner, self.clock, Path(workdir))
         except Exception:
             if cancelling():

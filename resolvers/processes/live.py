@@ -21,18 +21,20 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 
-from resolvers.adapters.broker import Broker, content_channel, user_channel
-from resolvers.core.context import Context
+from resolvers.adapters.broker import RESYNC, Broker, content_channel, user_channel
+from resolvers.core.context import Context, utc_now
 from resolvers.core.errors import BadInput, NotFound
 from resolvers.domain import access, notifications
 from resolvers.domain import content as content_resolvers
 from resolvers.domain.notifications import notification_id
 from store import keys
 from store.enums import NotificationType
-from store.items import Capsule, Content, Notification
+from store.items import Capsule, Content, Notification, iso
 from store.port import Item, SortKey, every_item
 
 log = logging.getLogger("mifamilias.live")
+
+RESYNC_KIND = RESYNC["kind"]
 
 
 def _broker(ctx: Context) -> Broker:
@@ -64,6 +66,8 @@ async def content_status(ctx: Context, content_id: str) -> AsyncIterator[tuple[C
             yield content, None
             last = content.status
             async for event in events:
+                if event.get("kind") == RESYNC_KIND:
+                    event = {}  # events may have been missed: the status as it is now
                 async with _slot(ctx):
                     _refresh(ctx)
                     try:
@@ -72,13 +76,13 @@ async def content_status(ctx: Context, content_id: str) -> AsyncIterator[tuple[C
                         if await content_resolvers.load_content(ctx, content_id) is None:
                             return  # deleted: the stream ends
                         continue  # no longer theirs to see
-                    # The content may have moved on while this event travelled: report
-                    # the move the event announces, so every state is seen in order.
-                    status = str(event.get("status") or content.status)
-                    if status != last:
-                        last = status
-                        share = ("content", content.id, status, membership.role, viewer == content.author_id)
-                        yield replace(content, status=status), share
+                # The content may have moved on while this event travelled: report
+                # the move the event announces, so every state is seen in order.
+                status = str(event.get("status") or content.status)
+                if status != last:
+                    last = status
+                    share = ("content", content.id, status, membership.role, viewer == content.author_id)
+                    yield replace(content, status=status), share
 
 
 @dataclass(frozen=True)
@@ -96,10 +100,12 @@ class EventReads:
     per subscriber, on what was read."""
 
     TTL_SECONDS = 10.0
-    # Subscribers working on an event at once, in this process. One event can
-    # wake ten thousand; each holds a slot from its reads until its answer is
-    # sent, so the event loop turns between a few dozen of them at a time and
-    # everything else (health checks, requests) keeps its turn.
+    # Subscribers reading for an event at once, in this process. One event can
+    # wake ten thousand; each holds a slot for its reads, so the store sees a
+    # few dozen of them at a time and everything else (health checks,
+    # requests) keeps its turn. A slot is never held while the answer is
+    # yielded: that waits for the subscriber's own connection, which may be a
+    # client that stopped reading (schema.backpressure).
     SLOTS = 64
 
     def __init__(self) -> None:
@@ -244,6 +250,31 @@ async def _notifications_after(ctx: Context, viewer: str, after: str) -> list[No
     )
 
 
+class Place:
+    """Where a person's stream is in their notifications: the last it sent (or
+    its start). When events may have been missed (the broker lost its
+    connection, a publish failed: a resync event), the stream reads on from
+    here in the table, as `after` does; `Seen` drops what also comes live."""
+
+    def __init__(self, viewer: str) -> None:
+        self.viewer = viewer
+        self.sort_key = keys.notification(viewer, iso(utc_now()), "")[1]
+
+    def passed(self, created_at: str, note_id: str) -> None:
+        self.sort_key = max(self.sort_key, keys.notification(self.viewer, created_at, note_id)[1])
+
+    async def missed(self, ctx: Context) -> list[Notification]:
+        """The viewer's notifications after this place, oldest first (the
+        newest `REPLAY_LIMIT`; a store failure reads nothing, and is logged)."""
+        wanted = SortKey.between(self.sort_key + " ", keys.NOTIFICATION_PREFIX + "~")
+        try:
+            page = await ctx.table.query(keys.user_pk(self.viewer), wanted, limit=REPLAY_LIMIT)
+        except Exception:
+            log.exception("could not read what a stream missed")
+            return []
+        return [Notification.from_item(item) for item in page.items]
+
+
 def capsule_event_id(capsule_id: str, viewer: str) -> str:
     """A capsule's opening as this viewer's event: their notification's id."""
     return notification_id(NotificationType.CAPSULE_UNLOCKED, capsule_id, viewer)
@@ -262,17 +293,24 @@ async def capsules_unlocked(
     with ctx.services.metrics.subscription("capsuleUnlocked"):
         viewer = await ctx.viewer_id()
         seen = Seen()
+        place = Place(viewer)
         async with _broker(ctx).subscribe(user_channel(viewer, "capsules")) as events:
-            if after is not None:
-                for note in await _notifications_after(ctx, viewer, after):
+            replay = await _notifications_after(ctx, viewer, after) if after is not None else []
+            while True:
+                for note in replay:
+                    place.passed(note.created_at, note.id)
                     if note.type != NotificationType.CAPSULE_UNLOCKED or not note.capsule_id:
                         continue
                     async with _slot(ctx):
                         opened = await _capsule_for(ctx, _capsule_event(note), viewer)
-                        if opened is not None and seen.first_time(note.id):
-                            # A replay is this subscriber's alone: nothing to share.
-                            yield opened.capsule, note.created_at, notifications.public_id(note), None
-            async for event in events:
+                    if opened is not None and seen.first_time(note.id):
+                        # A replay is this subscriber's alone: nothing to share.
+                        yield opened.capsule, note.created_at, notifications.public_id(note), None
+                event = await anext(events)
+                if event.get("kind") == RESYNC_KIND:
+                    replay = await place.missed(ctx)
+                    continue
+                replay = []
                 if event.get("kind") != "capsule":
                     continue
                 raw_id = capsule_event_id(str(event["capsuleId"]), viewer)
@@ -280,14 +318,15 @@ async def capsules_unlocked(
                     continue
                 async with _slot(ctx):
                     opened = await _capsule_for(ctx, event, viewer)
-                    if opened is not None and seen.first_time(raw_id):
-                        told = opened.note
-                        event_id = notifications.public_id(told) if told is not None else raw_id
-                        yield opened.capsule, str(event["unlockedAt"]), event_id, opened.share
+                if opened is not None and seen.first_time(raw_id):
+                    told = opened.note
+                    place.passed(str(event["unlockedAt"]), raw_id)
+                    event_id = notifications.public_id(told) if told is not None else raw_id
+                    yield opened.capsule, str(event["unlockedAt"]), event_id, opened.share
 
 
 async def _capsule_for(ctx: Context, event: dict[str, object], viewer: str) -> Opened | None:
-    """The capsule an event names, if this viewer may read it (the caller holds a slot)."""
+    """The capsule an event names, if this viewer may read it (the caller holds a slot for it)."""
     _refresh(ctx)
     try:
         return await _unlocked_capsule(ctx, event, viewer)
@@ -303,12 +342,19 @@ async def notifications_added(ctx: Context, after: str | None = None) -> AsyncIt
     with ctx.services.metrics.subscription("notificationAdded"):
         viewer = await ctx.viewer_id()
         seen = Seen()
+        place = Place(viewer)
         async with _broker(ctx).subscribe(notifications.channel(viewer)) as events:
-            if after is not None:
-                for note in await _notifications_after(ctx, viewer, after):
+            replay = await _notifications_after(ctx, viewer, after) if after is not None else []
+            while True:
+                for note in replay:
+                    place.passed(note.created_at, note.id)
                     if seen.first_time(note.id):
                         yield note
-            async for event in events:
+                event = await anext(events)
+                if event.get("kind") == RESYNC_KIND:
+                    replay = await place.missed(ctx)
+                    continue
+                replay = []
                 if event.get("kind") != "notification" or event.get("userId") != viewer:
                     continue
                 if str(event["id"]) in seen:
@@ -318,5 +364,7 @@ async def notifications_added(ctx: Context, after: str | None = None) -> AsyncIt
                     item = await ctx.loaders.item.load(
                         keys.notification(viewer, str(event["createdAt"]), str(event["id"]))
                     )
-                    if item is not None and seen.first_time(str(item["id"])):
-                        yield Notification.from_item(item)
+                if item is not None and seen.first_time(str(item["id"])):
+                    note = Notification.from_item(item)
+                    place.passed(note.created_at, note.id)
+                    yield note

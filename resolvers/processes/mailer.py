@@ -6,7 +6,9 @@ One pass:
 1. The outbox (GSI2 `MAIL_OUTBOX`): each capsule opening's notification is
    claimed under a lease (`resolvers.processes.leased`), then sent or skipped,
    then marked and taken out of the outbox (a write conditioned on the lease).
-2. Each digest kind (DAILY, WEEKLY): the people due (GSI2 `EMAIL_DIGEST#<kind>`,
+2. Invitations (GSI2 `INVITE_MAIL_OUTBOX`): each invite made with an email,
+   leased, sent (or skipped) and settled the same way.
+3. Each digest kind (DAILY, WEEKLY): the people due (GSI2 `EMAIL_DIGEST#<kind>`,
    sorted by the end of their last period) each get a marker for the period,
    put with a condition; only its writer sends, then marks it and moves the
    person on in the index.
@@ -32,12 +34,15 @@ from resolvers.domain import mail
 from resolvers.processes.leased import Claim, LeasedQueue, LeaseSpec
 from store import keys
 from store.enums import DIGESTS, MailState
-from store.items import Notification, User
+from store.items import FamilyInvite, Notification, User
 from store.port import Table
 
 log = logging.getLogger("mifamilias.mailer")
 
 OUTBOX = LeaseSpec("mail", recover_from=keys.MAIL_OUTBOX_PK, claimable=mail.UNSENT, count_attempts=True)
+INVITATIONS = LeaseSpec(
+    "invitation", recover_from=keys.INVITE_MAIL_OUTBOX_PK, claimable=mail.UNSENT, count_attempts=True
+)
 
 # Longer than one send can take (SMTP_TIMEOUT 30 s, plus the reads around it),
 # so a lease runs out only when its process has stopped.
@@ -74,6 +79,10 @@ class Mailer:
         # Capsule openings' emails: each notification in the outbox, leased.
         self.openings = LeasedQueue(OUTBOX, table=table, clock=clock, lease=LEASE, handle=self.opening)
         self.owner = self.openings.owner
+        # Invitations: each invite made with an email, leased by the same owner.
+        self.invites = LeasedQueue(
+            INVITATIONS, table=table, clock=clock, lease=LEASE, handle=self.invitation, owner=self.owner
+        )
         self._done = MailPass()
         self.sender: Sender = sender or SmtpSender(target, parseaddr(settings.mail_from)[1])
         self.head = mail.Letterhead(
@@ -85,6 +94,7 @@ class Mailer:
     async def run_once(self) -> MailPass:
         done = MailPass()
         await self.outbox(done)
+        await self.invitations(done)
         for kind in DIGESTS:
             await self.digests(kind, done)
         if done.sent or done.failed:
@@ -118,6 +128,37 @@ class Mailer:
             done.skipped += 1
             return
         state = await self._send(found.message, f"capsule {note.capsule_id} to {note.user_id}", done)
+        if state is not None:
+            await mail.settle_outbox(self.table, key, self.owner, state, self.clock())
+
+    # Invitations ------------------------------------------------------------------------
+
+    async def invitations(self, done: MailPass) -> None:
+        self._done = done
+        await self.invites.run_due()
+
+    async def invitation(self, claim: Claim) -> None:
+        """One invitation, from its claimed invite: the invite as it stands now
+        decides whether it still goes (revoked, expired or used up: skipped)."""
+        done = self._done
+        key = claim.key
+        invite = FamilyInvite.from_item(claim.item)
+        if claim.attempts > mail.MAX_ATTEMPTS:
+            await mail.settle_outbox(self.table, key, self.owner, MailState.FAILED, self.clock())
+            done.failed += 1
+            log.error("mail: gave up on the invitation of invite %s", invite.id)
+            return
+        try:
+            found = await mail.invitation_mail(self.table, self.head, invite, self.clock())
+        except Exception:
+            log.exception("mail: could not prepare the invitation of invite %s; retried later", invite.id)
+            done.failed += 1
+            return
+        if found.message is None:
+            await mail.settle_outbox(self.table, key, self.owner, MailState.SKIPPED, self.clock())
+            done.skipped += 1
+            return
+        state = await self._send(found.message, f"invitation of invite {invite.id}", done)
         if state is not None:
             await mail.settle_outbox(self.table, key, self.owner, state, self.clock())
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from resolvers.adapters import media
 from resolvers.adapters.broker import Broker
 from resolvers.adapters.transcribe import Transcriber, TranscriptionError
-from resolvers.core import leases
+from resolvers.core import leases, workdirs
 from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
 from resolvers.domain import notifications
@@ -133,7 +132,7 @@ class Pipeline(LeasedJob):
     async def _process(self, claimed: Item) -> None:
         content_id = claimed["id"]
         job = Job()
-        with tempfile.TemporaryDirectory(prefix="mifamilias-") as workdir:
+        with workdirs.work_dir("media") as workdir:
             try:
                 await self._walk(Content.from_item(claimed), claimed, Path(workdir), job)
             except (media.MediaError, TranscriptionError) as error:

@@ -32,6 +32,7 @@ import contextlib
 import functools
 import logging
 import random
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
@@ -75,6 +76,8 @@ CLAIM_BATCH = 8
 TRANSACTION_ITEMS = 100
 # An outbox item this old has lost its publisher (a crash): any pass publishes it.
 OUTBOX_GRACE = timedelta(seconds=5)
+# How often a process logs its lag (`schedulerLagSeconds`), for the alarm.
+LAG_REPORT_SECONDS = 60.0
 
 
 @dataclass
@@ -128,6 +131,7 @@ class UnlockScheduler:
         # Capsules this process won and has not finished yet.
         self._mine: set[str] = set()
         self._next_due: str | None = None
+        self._lag_reported = -LAG_REPORT_SECONDS  # the first pass reports
 
     async def run_once(self) -> PassResult:
         now = self.clock()
@@ -149,6 +153,11 @@ class UnlockScheduler:
         if result.oldest_pending is not None:
             lag = (now - parse_iso(result.oldest_pending)).total_seconds()
         self.metrics.scheduler_pass(lag)
+        if time.monotonic() >= self._lag_reported + LAG_REPORT_SECONDS:
+            # The deployment's lag alarm reads this field (deploy/cloudformation.yaml):
+            # a line a minute per process, so a silent scheduler alarms too.
+            self._lag_reported = time.monotonic()
+            log.info("scheduler lag %.1f s", lag, extra={"schedulerLagSeconds": round(lag, 3)})
         if result.unlocked or result.waiting or result.told_empty or result.republished:
             log.info(
                 "unlock pass: %d opened, %d waiting for content, %d creators told their capsule is empty, "

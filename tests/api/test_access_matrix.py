@@ -290,6 +290,14 @@ async def build_world(api: Api) -> World:
         "B.bm": "bm",
     }
 
+    # An invite in each family: its code and id are its ADMINs' alone.
+    make_invite = "mutation($f: ID!) { createInvite(input: {familyId: $f, maxUses: 5}) { id code } }"
+    for family, admin in (("A", "adm"), ("B", "oadm")):
+        made = (await api.ok(make_invite, {"f": world.ids[family]}, as_=admin))["createInvite"]
+        world.ids[f"{family}.invite"] = made["id"]
+        world.markers[made["id"]] = {admin}
+        world.markers[made["code"]] = {admin}
+
     # People leave; then the opened capsule's date comes.
     leave = "mutation($f: ID!) { leaveFamily(familyId: $f) }"
     remove = "mutation($f: ID!, $u: ID!) { removeMember(familyId: $f, userId: $u) }"
@@ -380,6 +388,10 @@ def variables_for(
             }
         },
         "rotateInviteCode": {"familyId": family},
+        "setMemberRole": {"familyId": family, "userId": ids.get(target), "role": "MEMBER"},
+        "createInvite": {"input": {"familyId": family}},
+        "revokeInvite": {"id": ids.get(target)},
+        "updateFamilySettings": {"input": {"familyId": family}},
         "vouch": {"familyId": family, "userId": ids.get(target)},
         "approveMember": {"familyId": family, "userId": ids.get(target)},
         "removeMember": {"familyId": family, "userId": ids.get(target)},

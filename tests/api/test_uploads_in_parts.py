@@ -187,3 +187,20 @@ async def test_an_upload_whose_parts_were_dropped_starts_again(media_api: Api) -
         assert await put_bytes(api, part["url"], part_of(body, part["number"]), "text/plain") == 200
     assert (await api.ok(COMPLETE, {"id": content_id}, as_="ana"))["completeUpload"]["status"] == "PROCESSING"
     await settle(api)
+
+
+async def test_a_dropped_put_leaves_its_url_usable(media_api: Api) -> None:
+    """A body that did not land through no fault of the client's (the
+    connection dropped) gives its URL back: the same URL takes it after."""
+    api = media_api
+    family_id = await family_with_members(api, "ana", [])
+    note = b"una nota que llega en dos intentos " * 100
+    created = await create(api, "ana", family_id, "TEXT", "text/plain", len(note))
+    url = created["uploadUrl"]
+    assert await put_then_drop(api, url, note, len(note) // 2, "text/plain") == 400
+    assert await put_bytes(api, url, note, "text/plain") == 200
+    done = await api.ok(COMPLETE, {"id": created["content"]["id"]}, as_="ana")
+    assert done["completeUpload"]["status"] == "PROCESSING"
+    # Once stored, the URL is spent.
+    if url.startswith("http://127.0.0.1:8000/"):  # the local store's URLs are single-use
+        assert await put_bytes(api, url, note, "text/plain") == 403

@@ -1,0 +1,232 @@
+"""Slow clients never hold anyone else.
+
+A phone in a tunnel stops reading its socket; once the kernel's buffers are
+full, every send to it waits. Nothing shared may wait with it, so:
+
+- every WebSocket connection sends through its own bounded queue
+  (`QueuedSocket`): an operation hands a frame over without waiting, and one
+  writer task per connection takes frames to the socket;
+- an SSE or multipart stream's sends are timed (`PacedStreamingResponse`): the
+  stream's own generator waits for its socket, and holds nothing shared while
+  it does (`resolvers.processes.live` takes its read slots for the reads only);
+- a client whose queue is full, or whose socket has taken nothing for
+  `MIFAMILIAS_SLOW_CLIENT_SECONDS`, is let go: a WebSocket is closed with 4408
+  "slow client", a stream ends. Its events are not lost: it resumes with
+  `after`. `mifamilias_slow_clients_closed` counts them.
+
+A socket that takes nothing cannot take a close frame either: a let-go
+socket's operations stop at once, its close is written when the socket takes it
+(when the client reads again), and the connection is dropped at the TCP level
+(`ConnectionHandles`) if the client has not read as far within
+`CLOSE_GRACE_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from typing import Any
+
+from starlette.responses import StreamingResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from strawberry.http.async_base_view import AsyncWebSocketAdapter
+from strawberry.http.exceptions import WebSocketDisconnected
+
+log = logging.getLogger("mifamilias.transport")
+
+SLOW_CLOSE_CODE = 4408
+SLOW_REASON = "slow client: it read nothing for too long; reconnect and resume with `after`"
+# How long a let-go client has to read as far as the close frame before its
+# connection is dropped: a phone out of a tunnel within it learns why.
+CLOSE_GRACE_SECONDS = 30.0
+
+ABORT_KEY = "mifamilias.abort"
+Abort = Callable[[], None]
+LetGo = Callable[[str], None]  # called with why: "queue_full" or "stalled"
+
+
+class ConnectionHandles:
+    """Puts the server connection's `abort` in the scope, so a slow client's
+    connection can be dropped when it will not even take a close frame.
+
+    The outermost middleware sees the server's own `send`; uvicorn's is a
+    method of the connection's protocol, which holds the transport. Under a
+    server that does not expose it, nothing is added and a slow client is only
+    closed the ASGI way."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            transport = getattr(getattr(send, "__self__", None), "transport", None)
+            abort = getattr(transport, "abort", None)
+            if callable(abort):
+                scope[ABORT_KEY] = abort
+        await self.app(scope, receive, send)
+
+
+def abort_of(scope: Mapping[str, Any]) -> Abort:
+    abort = scope.get(ABORT_KEY)
+    return abort if callable(abort) else _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
+class QueuedSocket(AsyncWebSocketAdapter):
+    """A WebSocket whose frames go out through a bounded queue and one writer
+    task, so `send_json` never waits for the client."""
+
+    def __init__(
+        self,
+        inner: AsyncWebSocketAdapter,
+        abort: Abort,
+        let_go: LetGo,
+        drop_operations: Callable[[], Awaitable[None]],
+        *,
+        frames: int,
+        slow_seconds: float,
+    ) -> None:
+        super().__init__(inner.view)
+        self.inner = inner
+        self._abort = abort
+        self._let_go_hook = let_go
+        self._drop_operations = drop_operations
+        self._queue: asyncio.Queue[Mapping[str, object]] = asyncio.Queue(frames)
+        self._slow_seconds = slow_seconds
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+        self.let_go = False
+
+    def iter_json(self, *, ignore_parsing_errors: bool = False) -> AsyncGenerator[object, None]:
+        return self.inner.iter_json(ignore_parsing_errors=ignore_parsing_errors)
+
+    async def send_json(self, message: Mapping[str, object]) -> None:
+        # Never raises: an operation's frame to a closed or let-go socket has
+        # nobody to go to, and its operation is being stopped.
+        if self._closed:
+            return
+        try:
+            self._queue.put_nowait(message)
+        except asyncio.QueueFull:
+            self._give_up("queue_full")
+            return
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write())
+
+    async def _write(self) -> None:
+        while True:
+            message = await self._queue.get()
+            try:
+                async with asyncio.timeout(self._slow_seconds):
+                    await self.inner.send_json(message)
+            except TimeoutError:
+                self._give_up("stalled")
+                return
+            except WebSocketDisconnected:
+                self._closed = True
+                return
+            finally:
+                self._queue.task_done()
+
+    async def close(self, code: int, reason: str) -> None:
+        """Closes after the frames queued before the close have gone out (a
+        refusal's message, then its close)."""
+        if self._closed:
+            return
+        if self._writer is not None:
+            try:
+                async with asyncio.timeout(self._slow_seconds):
+                    await self._queue.join()
+            except TimeoutError:
+                self._give_up("stalled")
+                return
+        self._closed = True
+        self._stop_writer()
+        await self.inner.close(code, reason)
+
+    def _stop_writer(self) -> None:
+        if self._writer is not None and self._writer is not asyncio.current_task():
+            self._writer.cancel()
+
+    async def finish(self) -> None:
+        """Stops the writer once the connection's handler is done with it."""
+        self._closed = True
+        writer, self._writer = self._writer, None
+        if writer is not None and writer is not asyncio.current_task():
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    def _give_up(self, why: str) -> None:
+        """Lets a slow client go: counted, its queue dropped, its socket closed."""
+        if self._closed:
+            return
+        self._closed = self.let_go = True
+        self._let_go_hook(why)
+        self._stop_writer()
+        while not self._queue.empty():
+            self._queue.get_nowait()
+            self._queue.task_done()
+        task = asyncio.create_task(self._close_slow())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+    async def _close_slow(self) -> None:
+        # Its operations stop now (their subscriptions and channels with them);
+        # the close frame goes out once the socket takes it, which it does
+        # when the client reads again: it then learns why. A client that has
+        # not read as far within the grace is dropped.
+        await self._drop_operations()
+        try:
+            async with asyncio.timeout(CLOSE_GRACE_SECONDS):
+                await self.inner.close(SLOW_CLOSE_CODE, SLOW_REASON)
+        except Exception:
+            self._abort()  # its handler ends too: its read sees the disconnect
+
+
+# Let-go closes still running; kept so that they are not collected mid-way.
+_closing: set[asyncio.Task[None]] = set()
+
+
+class SlowClientLetGo(Exception):
+    """A stream's client was let go: its response ends here."""
+
+
+class PacedStreamingResponse(StreamingResponse):
+    """A streamed subscription (SSE or multipart) whose every send must be
+    taken within `slow_seconds`; a client that takes nothing for that long is
+    let go and its stream ends (the connection is dropped: it cannot take
+    even the stream's last bytes)."""
+
+    def __init__(self, *args: Any, slow_seconds: float, abort: Abort, let_go: LetGo, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._slow_seconds = slow_seconds
+        self._abort = abort
+        self._let_go_hook = let_go
+        self.let_go = False
+
+    async def stream_response(self, send: Send) -> None:
+        async def paced(message: Message) -> None:
+            try:
+                async with asyncio.timeout(self._slow_seconds):
+                    await send(message)
+            except TimeoutError:
+                self.let_go = True
+                self._let_go_hook("stalled")
+                self._abort()
+                await asyncio.sleep(0)  # the server sees the connection lost first
+                raise SlowClientLetGo from None
+
+        try:
+            await super().stream_response(paced)
+        finally:
+            # Let go while the stream waited at a yield: nothing else closes it
+            # (its subscription and channel with it).
+            close = getattr(self.body_iterator, "aclose", None)
+            if self.let_go and close is not None:
+                await close()
