@@ -60,7 +60,8 @@ async def endpoints(sns: Any, application: str) -> list[dict[str, Any]]:
 
 async def messages(moto_url: str, arn: str) -> list[dict[str, str]]:
     """What moto holds as published to the endpoint (its model data)."""
-    async with httpx.AsyncClient() as client:
+    # The whole server's model data: slow to serialise once a session has used moto a lot.
+    async with httpx.AsyncClient(timeout=120) as client:
         data = (await client.get(f"{moto_url}/moto-api/data.json")).json()
     for endpoint in data["sns"]["PlatformEndpoint"]:
         if endpoint["arn"] == arn:
