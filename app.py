@@ -39,10 +39,11 @@ from resolvers.adapters.media_http import media_routes
 from resolvers.core import logs
 from resolvers.core.auth import mint_token
 from resolvers.core.config import ConfigError, Settings
-from resolvers.core.context import Services, utc_now
+from resolvers.core.context import utc_now
 from resolvers.core.metrics import Metrics
 from resolvers.domain import mail
 from resolvers.runtime import compose, local_blob_store, observe_table, start_background
+from resolvers.services import Services
 from schema import schema_for
 from schema.backpressure import ConnectionHandles
 from schema.graphiql import STATIC_DIR

@@ -12,11 +12,12 @@ from typing import Any
 import graphql
 
 from bench.common import VIEWER, Row, Stats, now, ratio_stats, token, verdict
-from resolvers.core.context import Context, Services
+from resolvers.core.context import Context
 from resolvers.core.pagination import page_size
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import families, users
 from resolvers.domain.tags import content_tags
+from resolvers.services import Services
 from store import items
 from tests.typical_calls import FEED_QUERY
 

@@ -39,9 +39,10 @@ from resolvers.adapters import media
 from resolvers.adapters.media_http import media_routes
 from resolvers.core.auth import mint_token
 from resolvers.core.config import Settings
-from resolvers.core.context import Context, Services
+from resolvers.core.context import Context
 from resolvers.domain import capsules, content, families, tags
 from resolvers.runtime import compose, local_blob_store
+from resolvers.services import Services
 from store import keys
 from store.blobs import LocalBlobStore
 from store.enums import CapsuleStatus, ContentStatus, ContentType, Role, TrustLevel

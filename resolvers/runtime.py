@@ -20,7 +20,7 @@ from resolvers.adapters.webpush import WebPushSender
 from resolvers.core import workdirs
 from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
-from resolvers.core.context import Services, utc_now
+from resolvers.core.context import utc_now
 from resolvers.core.cursors import CursorSigner
 from resolvers.core.metrics import Metrics
 from resolvers.core.observed import ObservedTable, botocore_client, engine_of, watch_botocore
@@ -34,6 +34,7 @@ from resolvers.processes.mailer import Mailer
 from resolvers.processes.pipeline import Pipeline
 from resolvers.processes.pusher import Pusher, PushQueue
 from resolvers.processes.scheduler import UnlockScheduler
+from resolvers.services import Services
 from store.blobs import BlobStore, LocalBlobStore
 from store.port import Table
 

@@ -39,7 +39,7 @@ CODES = {
     "INTERNAL_SERVER_ERROR",
     # Beside the contract's: the service cannot answer now (retry later).
     "UNAVAILABLE",
-    # Persisted operations (issue 14): Apollo's codes, beside the contract's.
+    # Persisted operations: Apollo's codes, beside the contract's, so Apollo clients recognise them.
     "PERSISTED_QUERY_NOT_FOUND",
     "PERSISTED_QUERY_NOT_IN_LIST",
 }

@@ -49,8 +49,9 @@ from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWS
 from strawberry.types.graphql import OperationType
 
 from resolvers.core import idempotency, logs
-from resolvers.core.context import Context, Services
+from resolvers.core.context import Context
 from resolvers.core.errors import ApiError, PersistedQueryNotFound
+from resolvers.services import Services
 from schema import backpressure, socket_auth, streams
 
 log = logging.getLogger("mifamilias.transport")

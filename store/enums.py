@@ -103,7 +103,7 @@ class ExportStatus(StrEnum):
 
 
 class EmailPreference(StrEnum):
-    """What a person receives by email (issue 15): nothing, a mail per capsule
+    """What a person receives by email: nothing, a mail per capsule
     opened for them, or a digest of their families' activity per period."""
 
     NONE = "NONE"

@@ -43,7 +43,7 @@ class User(Record):
     family_name: str | None = None
     profile_image_url: str | None = None
     onboarding_complete: bool = False
-    # Email (issue 15): what the person chose, and for a digest, the end of the
+    # Email: what the person chose, and for a digest, the end of the
     # last period digested (the digests' index is sorted by it).
     email_preference: str = EmailPreference.NONE
     digest_until: str | None = None

@@ -309,7 +309,7 @@ def tagset_user(family_id: str, set_name: str, user_id: str) -> Key:
     return (f"TAGSET#{family_id}#{set_name}", f"USER#{user_id}")
 
 
-# Leaving with your data (issue 15) ---------------------------------------------
+# Leaving with your data -------------------------------------------------------
 
 
 def account_deletion(user_id: str) -> Key:
@@ -346,7 +346,7 @@ def export_expiry_gsi2(available_until: str, export_id: str) -> tuple[str, str]:
     return (EXPORTS_EXPIRY_PK, f"{available_until}#{export_id}")
 
 
-# Email (issue 15) ---------------------------------------------------------------
+# Email ------------------------------------------------------------------------
 
 MAIL_OUTBOX_PK = "MAIL_OUTBOX"
 

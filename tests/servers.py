@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import os
 import signal
 import socket
@@ -14,8 +15,9 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -231,17 +233,25 @@ async def engine_env(engine: str, request: pytest.FixtureRequest) -> AsyncIterat
 
 
 async def until(
-    check: Callable[[], Awaitable[bool] | bool], what: str = "a condition", seconds: float = 120
-) -> None:
-    """Polls a condition until it holds; the deadline only bounds a failure."""
+    check: Callable[[], Any],
+    what: str | Callable[[], str] = "a condition",
+    seconds: float = 120,
+    interval: float = 0.1,
+) -> Any:
+    """Polls `check` (plain or async) until it answers something true, and
+    returns that answer; the deadline only bounds a failure. `what` names what
+    is awaited in the failure (a callable: the state when it gave up).
+    `interval=0` only yields to the event loop, for work in this process."""
     deadline = time.monotonic() + seconds
     while True:
         outcome = check()
-        if outcome if isinstance(outcome, bool) else await outcome:
-            return
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        if outcome:
+            return outcome
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
+        await asyncio.sleep(interval)
 
 
 async def subscriptions_running(servers: Sequence[ServerProcess], name: str, count: int) -> bool:

@@ -5,7 +5,6 @@ the real pipeline and the real unlock scheduler."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,7 +20,7 @@ from websockets.typing import Subprotocol
 
 from resolvers.core.auth import mint_token
 from tests import media_factory
-from tests.servers import SECRET, ServerProcess
+from tests.servers import SECRET, ServerProcess, until
 
 
 def token(user: str) -> str:
@@ -102,13 +101,13 @@ async def upload(
     return content_id
 
 
-async def collect(events: AsyncIterator[dict[str, Any]], until: Any, seconds: float) -> list[dict[str, Any]]:
+async def collect(events: AsyncIterator[dict[str, Any]], last: Any, seconds: float) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
 
     async def run() -> None:
         async for event in events:
             found.append(event)
-            if until(event):
+            if last(event):
                 return
 
     await asyncio.wait_for(run(), seconds)
@@ -252,10 +251,11 @@ async def test_capsule_unlocks_over_websocket_once(live_server: ServerProcess) -
             {"id": family_id},
         )
         assert [e["node"]["id"] for e in sealed["family"]["feed"]["edges"]] == [note]
-        deadline = time.monotonic() + 60  # bounds a failure only
-        while not any(e["capsuleUnlocked"]["capsule"]["id"] == sentinel for e in got):
-            assert time.monotonic() < deadline, got
-            await asyncio.sleep(0.05)
+        await until(
+            lambda: any(e["capsuleUnlocked"]["capsule"]["id"] == sentinel for e in got),
+            lambda: f"the sentinel after {got}",
+            interval=0.05,
+        )
         listener.cancel()
     assert [e["capsuleUnlocked"]["capsule"]["id"] for e in got] == [capsule["id"], sentinel]
     event = got[0]
@@ -314,22 +314,19 @@ async def test_notifications_arrive_live_and_stop_for_a_removed_member(live_serv
             async for event in session.subscribe(request):
                 status_events.append(event["contentStatusChanged"]["status"])
 
-    async def until(check: Any, what: str) -> None:
-        deadline = time.monotonic() + 30  # bounds a failure only
-        while not check():
-            assert time.monotonic() < deadline, f"waited for {what}: {got}, {status_events}"
-            await asyncio.sleep(0.05)
+    async def heard(check: Any, what: str) -> None:
+        await until(check, lambda: f"{what}: {got}, {status_events}", interval=0.05)
 
     listeners = [asyncio.create_task(notifications(p)) for p in ("olo", "pau")]
     await asyncio.wait_for(asyncio.gather(*(event.wait() for event in ready.values())), 30)
     first = await upload(live_server, "nia", family_id, "TEXT", b"uno", "text/plain")
-    await until(lambda: got["olo"] and got["pau"], "the first notifications")
+    await heard(lambda: got["olo"] and got["pau"], "the first notifications")
     assert got["olo"] == got["pau"] == [{"type": "NEW_CONTENT", "content": {"title": None}}]
     assert first
 
     second = await upload(live_server, "nia", family_id, "TEXT", b"dos", "text/plain", complete=False)
     watcher = asyncio.create_task(statuses(second))
-    await until(lambda: status_events, "the status now")
+    await heard(lambda: status_events, "the status now")
     assert status_events == ["UPLOADING"]
     await http(
         live_server,
@@ -340,11 +337,11 @@ async def test_notifications_arrive_live_and_stop_for_a_removed_member(live_serv
     await http(
         live_server, "nia", "mutation($id: ID!) { completeUpload(contentId: $id) { status } }", {"id": second}
     )
-    await until(lambda: len(got["olo"]) >= 2, "olo's second notification")
+    await heard(lambda: len(got["olo"]) >= 2, "olo's second notification")
     # News from pau's other family comes after everything of the first: what
     # pau has by then is all pau will get of it.
     await upload(live_server, "quin", other_family, "TEXT", b"otra", "text/plain", title="otra")
-    await until(lambda: len(got["pau"]) >= 2, "pau's sentinel")
+    await heard(lambda: len(got["pau"]) >= 2, "pau's sentinel")
     for task in [*listeners, watcher]:
         task.cancel()
     assert len(got["olo"]) == 2

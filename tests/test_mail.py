@@ -1,4 +1,4 @@
-"""Email for relatives without the app (issue 15), against a real SMTP server
+"""Email for relatives without the app, against a real SMTP server
 (aiosmtpd, started here on a free port) whose received messages are parsed
 back: capsule openings, digests, unsubscribe links, sealed content, and each
 email exactly once across two real server processes, on both engines."""

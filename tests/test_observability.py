@@ -1,4 +1,4 @@
-"""Issue 14: metrics at /metrics, traces, structured logs.
+"""Observability: metrics at /metrics, traces, structured logs.
 
 - A scripted session against a real server process, then its /metrics parsed:
   the counts match what the session did.
@@ -15,7 +15,6 @@ import json
 import logging
 import re
 import threading
-import time
 import urllib.parse
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -43,7 +42,7 @@ from resolvers.runtime import observe_table
 from store.sqlite import SqliteTable
 from tests.api.conftest import Api, running_api
 from tests.factories import family_with_members, settle, upload
-from tests.servers import SECRET, ServerProcess, free_port
+from tests.servers import SECRET, ServerProcess, free_port, until
 
 # Helpers ---------------------------------------------------------------------------------
 
@@ -68,17 +67,6 @@ class Samples:
 
     def labels(self, name: str, label: str) -> set[str]:
         return {s.labels[label] for s in self.samples if s.name == name and label in s.labels}
-
-
-async def poll(check: Any, what: str, seconds: float = 60) -> Any:
-    """Calls `check` until it returns something true; the deadline bounds a failure only."""
-    deadline = time.monotonic() + seconds
-    while True:
-        found = await check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        await asyncio.sleep(0.05)
 
 
 class Script:
@@ -193,7 +181,7 @@ async def test_metrics_count_what_a_session_did(server: ServerProcess) -> None:
             found = await script.ok("ana", "Status", "query", STATUS, {"id": note})
             return bool(found["content"]["status"] == "READY")
 
-        await poll(ready, "the note to be READY")
+        await until(ready, "the note to be READY")
 
         # ben listens for capsules; the capsule for him is made once he does.
         events: list[dict[str, Any]] = []
@@ -211,7 +199,7 @@ async def test_metrics_count_what_a_session_did(server: ServerProcess) -> None:
                 # subscription registers with the broker.
                 return samples.value("mifamilias_subscriptions_active", subscription="capsuleUnlocked") == 1
 
-            await poll(listening, "ben's subscription")
+            await until(listening, "ben's subscription")
             script.sent["Unlocked", "subscription"] += 1
             unlock = datetime.now(UTC) + timedelta(seconds=5)
             capsule = await script.ok(
@@ -235,7 +223,7 @@ async def test_metrics_count_what_a_session_did(server: ServerProcess) -> None:
             async def unlocked() -> bool:
                 return bool(events)
 
-            await poll(unlocked, "the capsule's event")
+            await until(unlocked, "the capsule's event")
             listener.cancel()
         assert events[0]["capsuleUnlocked"]["capsule"] == {"id": capsule_id, "status": "AVAILABLE"}
 
@@ -246,7 +234,7 @@ async def test_metrics_count_what_a_session_did(server: ServerProcess) -> None:
             )
             return samples if open_now == 0 else None
 
-        samples = await poll(closed, "the socket to be counted closed")
+        samples = await until(closed, "the socket to be counted closed")
 
     # Requests, exactly as sent, by operation name and type.
     counted = {

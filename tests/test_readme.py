@@ -35,7 +35,7 @@ from resolvers.adapters.broker import user_channel
 from resolvers.core.auth import mint_token
 from resolvers.core.config import Settings
 from tests.clock import FakeClock
-from tests.servers import ROOT, SECRET, free_port
+from tests.servers import ROOT, SECRET, free_port, until
 
 README = ROOT / "README.md"
 # Where each value in angle brackets comes from: the newest answer of that field.
@@ -93,10 +93,8 @@ async def served(tmp_path: Path, clock: FakeClock) -> AsyncIterator[tuple[str, A
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     task = asyncio.create_task(server.serve())
     try:
-        async with asyncio.timeout(30):
-            while not server.started:
-                assert not task.done(), "the server stopped before it started"
-                await asyncio.sleep(0.01)
+        await until(lambda: server.started or task.done(), "the server to start", 30, interval=0.01)
+        assert not task.done(), "the server stopped before it started"
         yield f"http://127.0.0.1:{port}", app.state.services
     finally:
         server.should_exit = True
@@ -123,10 +121,9 @@ async def subscription_events(url: str, token: str, query: str) -> AsyncGenerato
 
 
 async def until_listening(services: Any, channel: str) -> None:
-    """Polls, with a deadline, until a subscriber listens on the channel."""
-    async with asyncio.timeout(30):
-        while not services.broker._fanout.queues.get(channel):
-            await asyncio.sleep(0.01)
+    await until(
+        lambda: services.broker.subscriber_count(channel), f"a subscriber on {channel}", interval=0.01
+    )
 
 
 async def run_subscription(
@@ -252,13 +249,15 @@ async def test_the_readme_dynamodb_recipe_runs_as_written(moto_server: str, tmp_
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        async with asyncio.timeout(120), httpx.AsyncClient() as probe:  # bounds a failure only
-            while True:
+        async with httpx.AsyncClient() as probe:
+
+            async def healthy() -> bool:
                 assert process.returncode is None, (tmp_path / "recipe.log").read_text()
                 with contextlib.suppress(httpx.TransportError):
-                    if (await probe.get(f"{url}/healthz")).status_code == 200:
-                        break
-                await asyncio.sleep(0.1)
+                    return (await probe.get(f"{url}/healthz")).status_code == 200
+                return False
+
+            await until(healthy, "the recipe's server to answer /healthz", 120)
         token = mint_token(SECRET, "ana", given_name="Ana")
         headers = {"Authorization": f"Bearer {token}"}
         body = b"una nota"
@@ -287,14 +286,14 @@ async def test_the_readme_dynamodb_recipe_runs_as_written(moto_server: str, tmp_
             assert put.status_code == 200
             content_id = started["createUpload"]["content"]["id"]
             await gql("mutation($id: ID!) { completeUpload(contentId: $id) { status } }", {"id": content_id})
-            async with asyncio.timeout(60):
-                while True:
-                    read = await gql(
-                        "query($id: ID!) { content(id: $id) { status mediaUrl } }", {"id": content_id}
-                    )
-                    if read["content"]["status"] == "READY":
-                        break
-                    await asyncio.sleep(0.1)
+
+            async def ready() -> dict[str, Any] | None:
+                read = await gql(
+                    "query($id: ID!) { content(id: $id) { status mediaUrl } }", {"id": content_id}
+                )
+                return read if read["content"]["status"] == "READY" else None
+
+            read = await until(ready, "the note to be READY", 60)
             media = await client.get(read["content"]["mediaUrl"])
             assert media.content == body
         # And the records are in the DynamoDB table the recipe created.

@@ -17,6 +17,7 @@ import pytest
 import websockets
 
 from resolvers.core.auth import mint_token
+from store import keys
 from tests import media_factory
 from tests.servers import SECRET, RedisProcess, ServerProcess, engine_env, until
 
@@ -308,7 +309,7 @@ async def test_a_worker_stopped_mid_transcode_hands_its_lease_back(
         assert first.process is not None
         first.process.send_signal(signal.SIGTERM)
         await _exited(first)
-        assert f"handed back content {content_id}" in first.log()
+        assert f"pipeline: handed back {keys.content(content_id)[0]}" in first.log()
         seen = await _statuses_until_ready(second, content_id, "the second process to finish the content")
         assert "FAILED" not in seen
     finally:

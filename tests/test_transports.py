@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from gql.transport.websockets import WebsocketsTransport
 from websockets.typing import Subprotocol
 
 from resolvers.core.auth import mint_token
-from tests.servers import SECRET, ServerProcess
+from tests.servers import SECRET, ServerProcess, until
 from tests.test_live import make_family, upload
 
 TRANSPORT_WS = Subprotocol("graphql-transport-ws")
@@ -269,10 +268,10 @@ async def subscribers(redis_url: str) -> AsyncIterator[Any]:
 
 
 async def until_subscribers(count: Any, content_id: str, expected: int) -> None:
-    deadline = time.monotonic() + WAIT  # bounds a failure only
-    while (found := await count(content_id)) != expected:
-        assert time.monotonic() < deadline, f"{found} subscribers on {content_id}, not {expected}"
-        await asyncio.sleep(0.05)
+    async def reached() -> bool:
+        return bool(await count(content_id) == expected)
+
+    await until(reached, f"{expected} subscribers on {content_id}", WAIT, interval=0.05)
 
 
 async def an_uploading_note(server: ServerProcess, admin: str) -> str:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -118,17 +117,23 @@ async def test_two_processes_unlock_300_capsules_exactly_once(
 
     listeners = [asyncio.create_task(listen(person, servers[n % 2])) for n, person in enumerate(expected)]
     try:
-        deadline = time.monotonic() + 300  # bounds a failure only
-        while any(len(received[p]) < len(expected[p]) for p in expected) and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        await until(
+            lambda: all(len(received[p]) >= len(expected[p]) for p in expected),
+            lambda: (
+                f"every capsule on every stream: {[(len(received[p]), len(expected[p])) for p in expected]}"
+            ),
+            300,
+            interval=0.2,
+        )
         # One more capsule for everyone, due once all the others are open: a
         # duplicate of theirs would come on each stream before this sentinel.
         sentinel, more = capsule_rows(
             family_id, creator, recipients, datetime.now(UTC), SHARDS, tag="sentinel"
         )
         await shared_table.batch_write(more)
-        while any(sentinel not in received[p] for p in expected) and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
+        await until(
+            lambda: all(sentinel in received[p] for p in expected), "the sentinel on every stream", 300, 0.2
+        )
     finally:
         for task in listeners:
             task.cancel()
@@ -179,11 +184,11 @@ async def test_a_process_killed_mid_batch_is_finished_by_the_next(
     first = ServerProcess(tmp_path / "first", env)
     servers.append(first)
     first.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if (await statuses())["AVAILABLE"] >= 1:
-            break
-        await asyncio.sleep(0.02)
+
+    async def some_unlocked() -> bool:
+        return (await statuses())["AVAILABLE"] >= 1
+
+    await until(some_unlocked, "a first unlock", 60, interval=0.02)
     first.kill()  # SIGKILL: no clean shutdown
     at_kill = await statuses()
     assert 0 < at_kill["AVAILABLE"] < 200, at_kill
@@ -191,9 +196,11 @@ async def test_a_process_killed_mid_batch_is_finished_by_the_next(
     second = ServerProcess(tmp_path / "second", env)
     servers.append(second)
     second.start()
-    deadline = time.monotonic() + 60
-    while (await statuses())["AVAILABLE"] < 200 and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
+
+    async def all_unlocked() -> bool:
+        return (await statuses())["AVAILABLE"] == 200
+
+    await until(all_unlocked, "every unlock", 60, interval=0.2)
     assert await statuses() == Counter({"AVAILABLE": 200})
     everything = await scan(shared_table)
     notes = Counter(

@@ -13,13 +13,13 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from resolvers.core.metrics import Metrics
+from resolvers.core.ports import Event, EventBus
 
 log = logging.getLogger(__name__)
 
-Event = dict[str, Any]
 QUEUE_LIMIT = 1000
 DELIVERY_SLICE = 64  # subscribers woken per turn of the event loop
 
@@ -39,7 +39,7 @@ def content_channel(content_id: str) -> str:
 RESYNC: Event = {"kind": "resync"}
 
 
-async def publish_committed(broker: Broker | None, events: Sequence[tuple[str, Event]]) -> None:
+async def publish_committed(broker: EventBus | None, events: Sequence[tuple[str, Event]]) -> None:
     """Publishes what a committed write announces, best effort: a failure is
     logged and never raised into the write, which is done. The streams miss
     nothing: this process's re-read from the table now, the others' when
@@ -52,19 +52,15 @@ async def publish_committed(broker: Broker | None, events: Sequence[tuple[str, E
         broker.publish_failed()
 
 
-class Broker(Protocol):
-    async def publish(self, channel: str, event: Event) -> None: ...
+class Broker(EventBus, Protocol):
+    """The event bus, and what the composition asks of it besides."""
 
-    async def publish_many(self, events: Sequence[tuple[str, Event]]) -> None:
-        """Publishes in one go: one round trip to Redis for a whole unlock."""
-
-    def subscribe(self, channel: str) -> contextlib.AbstractAsyncContextManager[AsyncIterator[Event]]: ...
+    def subscriber_count(self, channel: str) -> int:
+        """How many subscribers in this process listen on `channel` now."""
+        ...
 
     async def ping(self) -> None:
         """Raises when the broker cannot carry events now (readiness)."""
-
-    def publish_failed(self) -> None:
-        """A publish did not get out: the local streams re-read from the table."""
 
     async def close(self) -> None: ...
 
@@ -119,6 +115,9 @@ class _Fanout:
         finally:
             self.metrics.delivered(channel, delivered, dropped)
 
+    def count(self, channel: str) -> int:
+        return len(self.queues.get(channel, ()))
+
     def resync(self) -> None:
         """Tells every local subscriber to re-read what it may have missed."""
         for channel in tuple(self.queues):
@@ -160,6 +159,9 @@ class InProcessBroker:
     async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:
         async with self._fanout.listen(channel) as queue:
             yield _drain(queue)
+
+    def subscriber_count(self, channel: str) -> int:
+        return self._fanout.count(channel)
 
     async def ping(self) -> None:
         pass  # the process itself: nothing to be down
@@ -272,6 +274,9 @@ class RedisBroker:
                         self._missing.discard(channel)
                         with contextlib.suppress(Exception):  # down: it goes with the connection
                             await self._pubsub.unsubscribe(self._prefix + channel)
+
+    def subscriber_count(self, channel: str) -> int:
+        return self._fanout.count(channel)
 
     async def ping(self) -> None:
         await self._redis.ping()

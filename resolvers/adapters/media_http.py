@@ -1,4 +1,4 @@
-"""The app's own media endpoints, for the local blob store (`store.blobs.LocalBlobStore`).
+"""The app's own media endpoints, for the local blob store (`store.blobs.local.LocalBlobStore`).
 
 `PUT /media/{key}` stores a raw body, `GET /media/{key}` (and HEAD) serves it;
 both only with a URL signed by the store (`upload_url` / `download_url`).

@@ -145,7 +145,7 @@ class Settings(BaseSettings):
     otel: bool = False
     log_format: Literal["text", "json"] = "text"
     log_level: str = "INFO"
-    # Email for relatives without the app (issue 15): off unless an SMTP URL is set.
+    # Email for relatives without the app: off unless an SMTP URL is set.
     smtp_url: str | None = None
     # Checked even when unset: an SMTP URL without a sender is refused at start-up.
     mail_from: Annotated[str | None, Field(validate_default=True)] = None

@@ -1,43 +1,24 @@
-"""The per-request context: who is asking, their loaders, and the services."""
+"""The per-request context: who is asking, their loaders, and the services
+(as `resolvers.core.ports` describes them)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from resolvers.core import logs
-from resolvers.core.auth import Claims, TokenExpired, TokenVerifier, bearer_token
-from resolvers.core.config import Settings
-from resolvers.core.cursors import CursorSigner
+from resolvers.core.auth import Claims, TokenExpired, bearer_token
 from resolvers.core.errors import ApiError, Unauthenticated
 from resolvers.core.loaders import Loaders
-from resolvers.core.metrics import Metrics
-from resolvers.core.persisted import PersistedDocuments
-from resolvers.core.ratelimit import RateLimiter, client_address
+from resolvers.core.ports import ContextServices
+from resolvers.core.ratelimit import client_address
 from store import items, keys
 from store.port import ConditionFailed, NotExists, Table
-
-if TYPE_CHECKING:
-    from opentelemetry.trace import Tracer
-
-    # Built above this module (they use it); named here for their types only.
-    from resolvers.adapters.broker import Broker
-    from resolvers.adapters.sns import SnsPush
-    from resolvers.adapters.transcribe import Transcriber
-    from resolvers.adapters.webpush import WebPushSender
-    from resolvers.processes.accounts import AccountDeletions
-    from resolvers.processes.exports import ExportBuilder
-    from resolvers.processes.live import EventReads
-    from resolvers.processes.mailer import Mailer
-    from resolvers.processes.pipeline import Pipeline
-    from resolvers.processes.pusher import PushQueue
-    from resolvers.processes.scheduler import UnlockScheduler
-    from store.blobs import BlobStore
 
 T = TypeVar("T")
 
@@ -73,46 +54,9 @@ class KnownUsers:
         self._ids.pop(user_id, None)
 
 
-@dataclass(frozen=True)
-class Services:
-    """Everything a request or a background process may use, typed; built once
-    per process by `resolvers.runtime.compose`."""
-
-    settings: Settings
-    table: Table
-    verifier: TokenVerifier
-    cursors: CursorSigner
-    rates: RateLimiter
-    broker: Broker
-    blobs: BlobStore
-    pipeline: Pipeline
-    scheduler: UnlockScheduler
-    event_reads: EventReads
-    persisted: PersistedDocuments
-    exports: ExportBuilder
-    accounts: AccountDeletions
-    transcriber: Transcriber | None = None
-    # Only when MIFAMILIAS_SMTP_URL is set (issue 15).
-    mailer: Mailer | None = None
-    # Web Push, on by default; native push when an SNS platform application is set.
-    web_push: WebPushSender | None = None
-    native_push: SnsPush | None = None
-    pusher: PushQueue | None = None
-    clock: Callable[[], datetime] = utc_now
-    known_users: KnownUsers = field(default_factory=KnownUsers)
-    metrics: Metrics = field(default_factory=Metrics.disabled)
-    tracer: Tracer | None = None
-
-    def now(self) -> datetime:
-        return self.clock()
-
-    def now_iso(self) -> str:
-        return items.iso(self.clock())
-
-
 @dataclass
 class Context:
-    services: Services
+    services: ContextServices
     request: Any = None
     response: Any = None
     claims: Claims | None = None

@@ -53,7 +53,8 @@ VISIBLE_TO_RECIPIENTS = frozenset(
 )
 OPEN = frozenset({CapsuleStatus.AVAILABLE, CapsuleStatus.VIEWED, CapsuleStatus.ARCHIVED})
 
-Record = (
+# Every record the one read rule decides on (not `store.codec.Record`, the base of all records).
+GuardedRecord = (
     Family
     | Membership
     | Content
@@ -66,7 +67,7 @@ Record = (
     | FamilyInvite
     | FamilyEvent
 )
-R = TypeVar("R", bound=Record)
+R = TypeVar("R", bound=GuardedRecord)
 
 # The record types the read guard checks, and the word a refusal uses.
 GUARDED: dict[type, str] = {
@@ -154,7 +155,7 @@ async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
     return Capsule.from_item(item) if item else None
 
 
-async def _decide(ctx: Context, record: Record) -> bool:
+async def _decide(ctx: Context, record: GuardedRecord) -> bool:
     viewer = await ctx.viewer_id()
     if isinstance(record, Notification | DataExport):
         return record.user_id == viewer
@@ -185,7 +186,7 @@ async def _decide(ctx: Context, record: Record) -> bool:
     raise TypeError(f"no read rule for {type(record).__name__}")
 
 
-def _verdict_key(record: Record) -> tuple[object, ...]:
+def _verdict_key(record: GuardedRecord) -> tuple[object, ...]:
     # The item's key and the state the rule reads: a record that changes within
     # one operation (a capsule opening, content leaving its capsule) is decided anew.
     if isinstance(record, Content):
@@ -197,12 +198,12 @@ def _verdict_key(record: Record) -> tuple[object, ...]:
     return (type(record), record.key)
 
 
-def cached_verdict(ctx: Context, record: Record) -> bool | None:
+def cached_verdict(ctx: Context, record: GuardedRecord) -> bool | None:
     """The verdict this operation already reached for the record, if any."""
     return ctx.loaders.verdicts.get(_verdict_key(record))
 
 
-async def may_read(ctx: Context, record: Record) -> bool:
+async def may_read(ctx: Context, record: GuardedRecord) -> bool:
     """The rule: may the viewer read this record now?"""
     key = _verdict_key(record)
     verdicts = ctx.loaders.verdicts
@@ -219,7 +220,7 @@ async def readable(ctx: Context, records: Sequence[R]) -> list[R]:
     return [record for record, allowed in zip(records, verdicts, strict=True) if allowed]
 
 
-def refusal(record: Record) -> NotFound:
+def refusal(record: GuardedRecord) -> NotFound:
     # One answer for "missing" and "not yours", so a refusal leaks nothing.
     return not_found(GUARDED.get(type(record), "item"))
 

@@ -1,4 +1,4 @@
-"""Deleting one's account (issue 15), in steps that can stop anywhere and resume.
+"""Deleting one's account, in steps that can stop anywhere and resume.
 
 `deleteMyAccount` first refuses (CONFLICT) while the person is the last ADMIN
 of a family that has other members, unless it names a successor for that

@@ -12,11 +12,12 @@ from datetime import UTC, datetime, timedelta
 
 import emoji as emoji_data
 
-from resolvers.adapters.broker import Broker, content_channel, publish_committed
+from resolvers.adapters.broker import content_channel, publish_committed
 from resolvers.core import idempotency
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, Forbidden, not_found
 from resolvers.core.pagination import ItemPage, query_page
+from resolvers.core.ports import EventBus
 from resolvers.core.validation import clean_mime_type, clean_optional, clean_text
 from resolvers.domain import access, families, notifications, tags
 from store import keys
@@ -70,7 +71,7 @@ def blobs_of(ctx: Context) -> BlobStore:
     return ctx.services.blobs
 
 
-def broker_of(ctx: Context) -> Broker | None:
+def broker_of(ctx: Context) -> EventBus | None:
     return notifications.broker_of(ctx)
 
 
@@ -78,7 +79,7 @@ def original_key(content: Content) -> str:
     return f"content/{content.id}/original"
 
 
-async def publish_status(broker: Broker | None, content: Content) -> None:
+async def publish_status(broker: EventBus | None, content: Content) -> None:
     """After the status is committed: best effort (`publish_committed`)."""
     event = {"kind": "content", "contentId": content.id, "status": content.status}
     await publish_committed(broker, [(content_channel(content.id), event)])
@@ -93,7 +94,6 @@ is_sealed = access.is_sealed
 # Reading content goes through the read rule's own module; named here too,
 # since most callers think of it as content's.
 load_content = access.load_content
-may_read = access.content_reader
 readable_content = access.readable_content
 
 

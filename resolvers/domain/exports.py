@@ -1,4 +1,4 @@
-"""Exporting one's data (issue 15): asking for it, reading it, and what the
+"""Exporting one's data: asking for it, reading it, and what the
 background job (`resolvers.processes.exports`) builds.
 
 An export is a zip: `mifamilias.json` (the profile, memberships, the person's

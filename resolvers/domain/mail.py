@@ -1,4 +1,4 @@
-"""Email for relatives without the app (issue 15): what a person chose, what
+"""Email for relatives without the app: what a person chose, what
 each email says, the unsubscribe links, and the conditional writes that make
 each email go out once.
 

@@ -1,7 +1,7 @@
 """Notifications: items under the addressee's partition, newest first, each
 announced on the addressee's channel once it is written.
 
-Read state (issue 15). A person's unread count is kept in `keys.UNREAD_SLOTS`
+Read state. A person's unread count is kept in `keys.UNREAD_SLOTS`
 counter items beside their notifications, with an epoch: "mark everything
 read" moves the epoch on (one transaction of the counters, whatever the number
 of notifications), and a notification written at an older epoch is read
@@ -29,10 +29,11 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from resolvers.adapters.broker import Broker, Event, publish_committed, user_channel
+from resolvers.adapters.broker import publish_committed, user_channel
 from resolvers.core.context import Context
 from resolvers.core.errors import Conflict
 from resolvers.core.pagination import ItemPage, filtered_page
+from resolvers.core.ports import Event, EventBus
 from store import keys
 from store.enums import NotificationType, Role, TrustLevel
 from store.items import Capsule, Content, Family, Membership, Notification, UnreadCounter
@@ -152,7 +153,7 @@ def notification_id(*parts: str) -> str:
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
 
 
-def broker_of(ctx: Context) -> Broker | None:
+def broker_of(ctx: Context) -> EventBus | None:
     return ctx.services.broker
 
 
@@ -179,7 +180,7 @@ def push_wake(notes: Sequence[tuple[str, str, str]]) -> tuple[str, Event]:
     return (PUSH_CHANNEL, {"kind": "push", "notes": [list(note) for note in notes]})
 
 
-async def _announce(broker: Broker | None, notes: Sequence[Notification]) -> None:
+async def _announce(broker: EventBus | None, notes: Sequence[Notification]) -> None:
     """After the notes are committed: best effort (`publish_committed`)."""
     events = [announcement(n.user_id, n.created_at, n.id) for n in notes]
     pushed = [(n.user_id, n.created_at, n.id) for n in notes if n.push_pending]
@@ -249,7 +250,7 @@ def _creation_ops(prepared: Prepared) -> tuple[list[Notification], list[WriteOp]
 
 async def write(
     table: Table,
-    broker: Broker | None,
+    broker: EventBus | None,
     notes: Sequence[Notification],
     *,
     prepared: Prepared | None = None,
@@ -311,7 +312,7 @@ async def family_members(table: Table, family_id: str) -> list[Membership]:
     return [Membership.from_item(item) for item in page.items]
 
 
-async def content_ready(table: Table, broker: Broker | None, content: Content, at: str) -> None:
+async def content_ready(table: Table, broker: EventBus | None, content: Content, at: str) -> None:
     """NEW_CONTENT to the family's other members (capsule content is announced
     when its capsule opens, by the scheduler)."""
     if not content.in_feed:

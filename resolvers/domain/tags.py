@@ -86,8 +86,7 @@ from resolvers.core.errors import BadInput, Conflict, not_found
 from resolvers.core.pagination import filtered_page
 from resolvers.core.validation import check_display
 from resolvers.domain import access, families
-from resolvers.domain.access import content_reader as may_read
-from resolvers.domain.access import load_content, readable_content
+from resolvers.domain.access import content_reader, load_content, readable_content
 from store import keys
 from store.items import Content, Tag
 from store.port import (
@@ -610,13 +609,13 @@ async def _visible(ctx: Context, found: list[Item]) -> list[tuple[Tag, Content] 
     tags = [Tag.from_item(item) for item in found]
     content_items = await ctx.loaders.many([keys.content(tag.content_id) for tag in tags])
     contents = [Content.from_item(item) if item else None for item in content_items]
-    # Memberships of every family involved in one batch; may_read then hits the cache.
+    # Memberships of every family involved in one batch; content_reader then hits the cache.
     family_ids = sorted({c.family_id for c in contents if c is not None})
     await ctx.loaders.many([keys.member(family_id, viewer) for family_id in family_ids])
     result: list[tuple[Tag, Content] | None] = []
     for tag, content in zip(tags, contents, strict=True):
         hidden = content is None or (tag.private and tag.author_id != viewer)
-        if content is None or hidden or await may_read(ctx, content) is None:
+        if content is None or hidden or await content_reader(ctx, content) is None:
             result.append(None)
         else:
             result.append((tag, content))

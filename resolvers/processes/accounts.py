@@ -26,7 +26,7 @@ from store.items import AccountDeletion
 from store.port import Table
 
 if TYPE_CHECKING:
-    from resolvers.core.context import Services
+    from resolvers.core.ports import ContextServices
 
 log = logging.getLogger("mifamilias.accounts")
 
@@ -37,9 +37,9 @@ class AccountDeletions(LeasedJob):
     def __init__(self, *, table: Table, clock: Callable[[], datetime], lease: timedelta) -> None:
         super().__init__(table=table, clock=clock, lease=lease)
         # The services a background run works with, given when the workers start.
-        self._services: Services | None = None
+        self._services: ContextServices | None = None
 
-    def serve(self, services: Services) -> None:
+    def serve(self, services: ContextServices) -> None:
         self._services = services
 
     async def finish(self, ctx: Context, user_id: str) -> bool:
@@ -55,12 +55,12 @@ class AccountDeletions(LeasedJob):
             self.resume(ctx.services, user_id)
             raise Conflict("your account is still being deleted; try again in a moment") from None
 
-    def resume(self, services: Services, user_id: str) -> None:
+    def resume(self, services: ContextServices, user_id: str) -> None:
         """Finishes the deletion in the background, beside the requests."""
         self._services = self._services or services
         self.jobs.submit(keys.account_deletion(user_id))
 
-    async def sweep(self, services: Services) -> int:
+    async def sweep(self, services: ContextServices) -> int:
         """Takes over every deletion nobody holds, here and now; how many it took."""
         self._services = self._services or services
         return await self.jobs.run_due()

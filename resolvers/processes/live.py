@@ -20,10 +20,12 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Any, TypeVar, cast
 
-from resolvers.adapters.broker import RESYNC, Broker, content_channel, user_channel
+from resolvers.adapters.broker import RESYNC, content_channel, user_channel
 from resolvers.core.context import Context, utc_now
 from resolvers.core.errors import BadInput, NotFound
+from resolvers.core.ports import EventBus, SharedReads
 from resolvers.domain import access, notifications
 from resolvers.domain import content as content_resolvers
 from resolvers.domain.notifications import notification_id
@@ -34,10 +36,11 @@ from store.port import Item, SortKey, every_item
 
 log = logging.getLogger("mifamilias.live")
 
+T = TypeVar("T")
 RESYNC_KIND = RESYNC["kind"]
 
 
-def _broker(ctx: Context) -> Broker:
+def _broker(ctx: Context) -> EventBus:
     return ctx.services.broker
 
 
@@ -109,12 +112,12 @@ class EventReads:
     SLOTS = 64
 
     def __init__(self) -> None:
-        self._reads: dict[tuple[str, ...], tuple[float, asyncio.Future[UnlockedReads | None]]] = {}
+        self._reads: dict[tuple[str, ...], tuple[float, asyncio.Future[Any]]] = {}
         self.slots = asyncio.Semaphore(self.SLOTS)
 
-    async def read(
-        self, key: tuple[str, ...], load: Callable[[], Awaitable[UnlockedReads | None]]
-    ) -> UnlockedReads | None:
+    async def read(self, key: tuple[str, ...], load: Callable[[], Awaitable[T]]) -> T:
+        """What `load` answers, read once for every caller with the same `key`
+        within `TTL_SECONDS`."""
         now = time.monotonic()
         if len(self._reads) > 1000:
             self._reads = {k: v for k, v in self._reads.items() if v[0] > now}
@@ -122,10 +125,10 @@ class EventReads:
         if cached is None or cached[0] <= now:
             cached = (now + self.TTL_SECONDS, asyncio.ensure_future(load()))
             self._reads[key] = cached
-        return await asyncio.shield(cached[1])
+        return cast(T, await asyncio.shield(cached[1]))
 
 
-def _event_reads(ctx: Context) -> EventReads:
+def _event_reads(ctx: Context) -> SharedReads:
     return ctx.services.event_reads
 
 

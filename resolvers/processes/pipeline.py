@@ -1,9 +1,9 @@
 """The media pipeline: an in-process worker that walks content through its
 states, one conditional write per move, and the archive sweep.
 
-Video and audio keep the seed's machine, PROCESSING -> TRANSCODING ->
-TRANSCRIBING -> READY (TRANSCRIBING is passed through when no transcriber is
-configured or the file has no sound). A photo goes PROCESSING -> TRANSCODING ->
+Video and audio go PROCESSING -> TRANSCODING -> TRANSCRIBING -> READY
+(TRANSCRIBING is passed through when no transcriber is configured or the file
+has no sound). A photo goes PROCESSING -> TRANSCODING ->
 READY: in TRANSCODING its stored original loses its location metadata (unless
 the settings keep it), its capture time is read and its JPEG derivatives are
 made; there is nothing to transcribe. A note goes PROCESSING -> READY. Any step
@@ -265,7 +265,7 @@ class Pipeline(LeasedJob):
 
     async def _transcribe(self, content: Content, has_audio: bool, media_format: Any) -> str | None:
         if not has_audio:
-            return None  # the seed's "skip (no audio)" edge
+            return None  # no sound: TRANSCRIBING is passed through, nothing to transcribe
         if self.transcriber is None:
             log.info("content %s is READY without a transcription: no transcriber is configured", content.id)
             return None

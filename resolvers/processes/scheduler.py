@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import TypeVar
 
-from resolvers.adapters.broker import Broker, Event, user_channel
+from resolvers.adapters.broker import Broker, user_channel
 from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
+from resolvers.core.ports import Event
 from resolvers.domain import notifications
 from resolvers.domain.access import READERS
 from resolvers.domain.tags import unseal_ops

@@ -41,6 +41,7 @@ from schema import schema
 from store import items
 from tests.api.conftest import Api
 from tests.factories import capsule_rows, family_rows, join, make_family, settle, upload
+from tests.servers import until
 from tests.typical_calls import web_subscription
 
 MATRIX = Path(__file__).with_name("access_matrix.txt")
@@ -455,11 +456,10 @@ async def wait_subscribed(api: Api, channel: str, step: Any) -> Any:
     listens on `channel` (polled with a deadline, never slept on)."""
     broker = api.services.broker
     task = asyncio.ensure_future(step)
-    for _ in range(10_000):
-        if task.done() or broker._fanout.queues.get(channel):
-            return task
-        await asyncio.sleep(0)
-    raise AssertionError(f"the subscription never listened on {channel}")
+    await until(
+        lambda: task.done() or broker.subscriber_count(channel), f"a subscriber on {channel}", interval=0
+    )
+    return task
 
 
 async def run_subscription(

@@ -16,6 +16,7 @@ from schema import schema
 from schema.multiplex import SHAREABLE, SHARED
 from tests.api.conftest import Api
 from tests.factories import family_with_members, settle, upload
+from tests.servers import until
 
 # Every shareable field under a capsule's opening, the per-viewer id included.
 CAPSULE_FIELDS = """id title unlockDate status notificationSent
@@ -42,11 +43,8 @@ async def stream(api: Api, query: str, user: str) -> AsyncIterator[Any]:
 async def listening(api: Api, users: list[str]) -> None:
     """Returns once every user's capsule stream listens (polled, never slept on)."""
     channels = [f"user:{user}:capsules" for user in users]
-    for _ in range(10_000):
-        if all(api.services.broker._fanout.queues.get(channel) for channel in channels):
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("the streams never listened")
+    broker = api.services.broker
+    await until(lambda: all(broker.subscriber_count(c) for c in channels), "every stream", interval=0)
 
 
 async def opened_capsule(api: Api, family_id: str, recipients: list[str]) -> str:

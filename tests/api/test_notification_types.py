@@ -21,6 +21,7 @@ from tests.api.conftest import Api
 from tests.api.test_capsules import SCHEDULE, make_capsule
 from tests.api.test_resume import stream
 from tests.factories import join, make_family, settle, upload
+from tests.servers import until
 
 NOTES = "subscription { notificationAdded { id type } }"
 STATE = """{ notifications(first: 100) { unreadCount edges { node { id type read } } }
@@ -122,12 +123,9 @@ async def listed(api: Api, person: str) -> tuple[int, list[dict[str, Any]], list
 
 async def listening(api: Api, person: str) -> None:
     """Until the stream has subscribed to the person's channel (in process)."""
-    queues = api.services.broker._fanout.queues
-    for _ in range(10_000):
-        if queues.get(notifications.channel(person)):
-            return
-        await asyncio.sleep(0)  # a turn of the loop for the subscription to open
-    raise AssertionError("the subscription never opened")
+    broker = api.services.broker
+    channel = notifications.channel(person)
+    await until(lambda: broker.subscriber_count(channel), "the subscription to open", interval=0)
 
 
 async def made_and_delivered(api: Api, world: World, kind: NotificationType, person: str) -> str:

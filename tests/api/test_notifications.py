@@ -1,4 +1,4 @@
-"""Notifications read in one step (issue 15): `unreadCount` stays exact through
+"""Notifications read in one step: `unreadCount` stays exact through
 every change of read state, on both engines, and marking costs a fixed number
 of store round trips however many notifications there are."""
 

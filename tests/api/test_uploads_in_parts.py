@@ -1,4 +1,4 @@
-"""Uploads in parts (issue 15): above MIFAMILIAS_MULTIPART_THRESHOLD_BYTES the
+"""Uploads in parts: above MIFAMILIAS_MULTIPART_THRESHOLD_BYTES the
 bytes go in parts, a dropped connection costs only the part it cut, and the
 client resumes with `resumeUpload`; on moto's S3 and on the local store."""
 

@@ -1,4 +1,6 @@
-"""The blob-store port on both adapters, and the local store's signed-URL refusals.
+"""The blob-store contract (`store.blobs.port`) on both adapters (`store.blobs.s3`,
+`store.blobs.local`), and what only one adapter does: S3's signed headers and
+bucket rule, the local store's signed-URL refusals.
 
 Local: URLs are exercised through `media_routes` in a tiny Starlette app over
 httpx's ASGITransport. S3: real HTTP to the session's moto server

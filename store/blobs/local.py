@@ -1,44 +1,6 @@
-"""The blob-store port: media bytes live here, never in the table.
-
-Clients move bytes straight to and from the store through short-lived URLs
-(`upload_url` for an HTTP PUT of the raw body, `download_url` for a GET); the
-server itself only touches bytes in the media pipeline (`fetch_to_file`,
-`put_file`). Two adapters:
-
-- `S3BlobStore`: an aioboto3 S3 client and a bucket; URLs are SigV4 presigned.
-- `LocalBlobStore`: files under a directory; URLs point back at the app
-  (`resolvers.adapters.media_http`), signed with itsdangerous (salted), PUT URLs single-use.
-
-Upload URL contract, identical on both adapters: the PUT must carry
-`Content-Type` exactly equal to the `content_type` passed to `upload_url` and
-a `Content-Length` header (any HTTP client sends it for a body of known size).
-S3 binds both headers into the signature (`X-Amz-SignedHeaders=
-content-length;content-type;host`), so real S3 refuses any other type and any
-other length (403 SignatureDoesNotMatch). The local store refuses another type
-(403) and a body over the announced size (413) but accepts a shorter one; the
-caller checks the exact size with `head` when the upload is completed.
-
-Keys are relative, `/`-separated paths (`validate_key`): no empty, `.` or `..`
-segment, no segment starting with `.`, no backslash or control character. Both
-adapters apply the same rule so a key that works locally works on S3.
-
-Multipart uploads (large files, resumable): `start_multipart` opens one,
-`part_url` signs a PUT of one part (exactly its size on S3: Content-Length is
-signed; at most its size locally, like single PUT URLs; no Content-Type is
-bound, the type was given when the upload started), `uploaded_parts` lists what
-arrived (S3 `ListParts`), `complete_multipart` assembles the listed parts in
-order into the object, and `abort_multipart` drops them. Parts of an upload
-nobody completes go after `ABANDONED_UPLOAD_DAYS`: an S3 lifecycle rule on a
-bucket this module creates (the deployment's template has the same rule), and
-`LocalBlobStore.sweep_abandoned` locally. The server never holds a part in
-memory: S3 parts go straight to S3, local ones stream to disk, and local
-assembly copies file to file.
-
-Storage classes: `archive` moves an object to GLACIER_IR (instant retrieval:
-it stays downloadable, only cheaper to keep and dearer to read) and `restore`
-moves it back to STANDARD. Both are idempotent. Writing an object again makes
-it STANDARD, as a new S3 object is.
-"""
+"""The blob store on local files, served by the app itself: signed URLs
+(itsdangerous, salted), single-use PUT URLs, multipart uploads assembled file
+to file. The contract is `store.blobs.port`'s."""
 
 from __future__ import annotations
 
@@ -55,432 +17,31 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, Protocol
+from typing import BinaryIO, Literal
 from urllib.parse import quote, urlencode
 
 from itsdangerous import Signer
 
-STANDARD = "STANDARD"
-GLACIER_IR = "GLACIER_IR"
+from store.blobs.port import (
+    ABANDONED_UPLOAD_SECONDS,
+    GLACIER_IR,
+    MAX_PARTS,
+    STANDARD,
+    BlobAccessDenied,
+    BlobNotFound,
+    BlobTooLarge,
+    InvalidBlobKey,
+    Part,
+    PartsChanged,
+    check_expiry,
+    check_part,
+    discard,
+    temp_beside,
+    validate_key,
+)
 
-MAX_KEY_BYTES = 1024
-MAX_PARTS = 10_000  # S3's limit; part numbers are 1 to 10,000
-# Parts of a multipart upload left this long after it started are dropped.
-ABANDONED_UPLOAD_DAYS = 2
-ABANDONED_UPLOAD_SECONDS = ABANDONED_UPLOAD_DAYS * 24 * 3600
-_DELETE_BATCH = 1000  # DeleteObjects limit
 _CHUNK = 1 << 20
 
-
-# Errors -------------------------------------------------------------------
-
-
-class BlobError(Exception):
-    """Base of the blob store's errors."""
-
-
-class InvalidBlobKey(BlobError, ValueError):
-    """The key is not a safe relative path (see `validate_key`)."""
-
-
-class BlobNotFound(BlobError):
-    """No object under this key."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"no blob at {key!r}")
-        self.key = key
-
-
-class BlobAccessDenied(BlobError):
-    """A local media URL was refused; `reason` is short and safe to show."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class BlobTooLarge(BlobError):
-    """An upload body went over the size announced in its URL."""
-
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(f"body larger than the announced {max_bytes} bytes")
-        self.max_bytes = max_bytes
-
-
-class PartsChanged(BlobError):
-    """The parts of a multipart upload changed between listing and completing it."""
-
-
-@dataclass(frozen=True)
-class Part:
-    """A part of a multipart upload that has arrived."""
-
-    number: int
-    size: int
-    etag: str = ""  # S3's, which completing the upload names; empty locally
-
-
-def _check_part(part_number: int, size_bytes: int) -> None:
-    if not 1 <= part_number <= MAX_PARTS:
-        raise ValueError(f"part numbers go from 1 to {MAX_PARTS}")
-    if size_bytes < 0:
-        raise ValueError("size_bytes must not be negative")
-
-
-# Keys ---------------------------------------------------------------------
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\\]")
-
-
-def validate_key(key: str) -> str:
-    """Return `key` unchanged if it is a safe relative path, else raise `InvalidBlobKey`."""
-    if not key or len(key.encode("utf-8")) > MAX_KEY_BYTES:
-        raise InvalidBlobKey("key must be 1 to 1024 bytes")
-    if _CONTROL.search(key):
-        raise InvalidBlobKey("key must not contain control characters or backslashes")
-    for segment in key.split("/"):
-        # Covers absolute paths (leading empty segment), '//', '.', '..' and
-        # the local store's reserved directories (.used, .tmp, .archive).
-        if not segment or segment.startswith("."):
-            raise InvalidBlobKey(f"invalid key {key!r}")
-    return key
-
-
-# The port -----------------------------------------------------------------
-
-
-class BlobStore(Protocol):
-    async def upload_url(self, key: str, *, content_type: str, size_bytes: int, expires_in: int) -> str:
-        """A URL an HTTP PUT of the raw body to stores the object.
-
-        The PUT must send `Content-Type: <content_type>` and a Content-Length.
-        """
-        ...
-
-    async def download_url(self, key: str, *, expires_in: int) -> str:
-        """A URL an HTTP GET of returns the object."""
-        ...
-
-    async def head(self, key: str) -> int | None:
-        """The object's size in bytes, or None if there is no object."""
-        ...
-
-    async def put_file(self, key: str, path: Path, content_type: str) -> None: ...
-
-    async def fetch_to_file(self, key: str, path: Path) -> None:
-        """Write the object to `path` (whole or not at all); `BlobNotFound` if missing."""
-        ...
-
-    async def delete(self, keys: Sequence[str]) -> None:
-        """Delete these objects; missing ones are ignored."""
-        ...
-
-    async def archive(self, key: str) -> None:
-        """Move the object to GLACIER_IR; `BlobNotFound` if missing."""
-        ...
-
-    async def restore(self, key: str) -> None:
-        """Move the object back to STANDARD; `BlobNotFound` if missing."""
-        ...
-
-    async def storage_class(self, key: str) -> str:
-        """ "STANDARD" or "GLACIER_IR"; `BlobNotFound` if missing."""
-        ...
-
-    async def start_multipart(self, key: str, *, content_type: str) -> str:
-        """Open a multipart upload of `key`; returns its id."""
-        ...
-
-    async def part_url(
-        self, key: str, upload_id: str, part_number: int, *, size_bytes: int, expires_in: int
-    ) -> str:
-        """A URL an HTTP PUT of part `part_number` (`size_bytes` long) to stores it.
-
-        Sending a part again replaces it. No Content-Type is needed.
-        """
-        ...
-
-    async def uploaded_parts(self, key: str, upload_id: str) -> list[Part] | None:
-        """The parts that have arrived, by number; None if the upload is no
-        longer open (completed, aborted or cleaned up)."""
-        ...
-
-    async def complete_multipart(self, key: str, upload_id: str, parts: Sequence[Part]) -> None:
-        """Write the object `key` from these parts (as `uploaded_parts` listed
-        them), in order, and close the upload. `BlobNotFound` if the upload is
-        no longer open; `PartsChanged` if a part was replaced since it was listed."""
-        ...
-
-    async def abort_multipart(self, key: str, upload_id: str) -> None:
-        """Close the upload and drop its parts; one no longer open is ignored."""
-        ...
-
-
-def _check_expiry(expires_in: int) -> None:
-    if expires_in <= 0:
-        raise ValueError("expires_in must be positive")
-
-
-# S3 -----------------------------------------------------------------------
-
-
-def _error_code(exc: Exception) -> str:
-    response: Any = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        error = response.get("Error", {})
-        if isinstance(error, dict):
-            return str(error.get("Code", ""))
-    return ""
-
-
-def _is_not_found(exc: Exception) -> bool:
-    return _error_code(exc) in {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
-
-
-class S3BlobStore:
-    """Objects in one S3 bucket, through an open aioboto3 S3 client."""
-
-    def __init__(self, client: Any, bucket: str) -> None:
-        self._client = client
-        self.bucket = bucket
-
-    async def upload_url(self, key: str, *, content_type: str, size_bytes: int, expires_in: int) -> str:
-        validate_key(key)
-        _check_expiry(expires_in)
-        if size_bytes < 0:
-            raise ValueError("size_bytes must not be negative")
-        url = await self._client.generate_presigned_url(
-            "put_object",
-            Params={
-                "Bucket": self.bucket,
-                "Key": key,
-                "ContentType": content_type,
-                "ContentLength": size_bytes,
-            },
-            ExpiresIn=expires_in,
-        )
-        return str(url)
-
-    async def download_url(self, key: str, *, expires_in: int) -> str:
-        validate_key(key)
-        _check_expiry(expires_in)
-        url = await self._client.generate_presigned_url(
-            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=expires_in
-        )
-        return str(url)
-
-    async def _head(self, key: str) -> dict[str, Any] | None:
-        validate_key(key)
-        try:
-            response = await self._client.head_object(Bucket=self.bucket, Key=key)
-        except Exception as exc:
-            if _is_not_found(exc):
-                return None
-            raise
-        return dict(response)
-
-    async def head(self, key: str) -> int | None:
-        response = await self._head(key)
-        return None if response is None else int(response["ContentLength"])
-
-    async def put_file(self, key: str, path: Path, content_type: str) -> None:
-        validate_key(key)
-        # The managed transfer: multipart (and parallel) for large files.
-        await self._client.upload_file(str(path), self.bucket, key, ExtraArgs={"ContentType": content_type})
-
-    async def fetch_to_file(self, key: str, path: Path) -> None:
-        validate_key(key)
-        tmp = await asyncio.to_thread(_temp_beside, path)
-        try:
-            await self._client.download_file(self.bucket, key, str(tmp))
-            await asyncio.to_thread(os.replace, tmp, path)
-        except Exception as exc:
-            _discard(tmp)
-            if _is_not_found(exc):
-                raise BlobNotFound(key) from exc
-            raise
-        except BaseException:
-            _discard(tmp)
-            raise
-
-    async def delete(self, keys: Sequence[str]) -> None:
-        for key in keys:
-            validate_key(key)
-        unique = list(dict.fromkeys(keys))
-        for start in range(0, len(unique), _DELETE_BATCH):
-            batch = unique[start : start + _DELETE_BATCH]
-            response = await self._client.delete_objects(
-                Bucket=self.bucket,
-                Delete={"Objects": [{"Key": key} for key in batch], "Quiet": True},
-            )
-            errors = response.get("Errors") or []
-            if errors:
-                first = errors[0]
-                raise BlobError(
-                    f"could not delete {len(errors)} object(s), first {first.get('Key')!r}: "
-                    f"{first.get('Code')} {first.get('Message')}"
-                )
-
-    async def storage_class(self, key: str) -> str:
-        response = await self._head(key)
-        if response is None:
-            raise BlobNotFound(key)
-        # S3 leaves StorageClass out of HeadObject for STANDARD objects.
-        return str(response.get("StorageClass") or STANDARD)
-
-    async def _set_storage_class(self, key: str, storage_class: str) -> None:
-        if await self.storage_class(key) == storage_class:
-            # S3 refuses an in-place copy that changes nothing.
-            return
-        # An in-place copy keeps the body, Content-Type and metadata
-        # (MetadataDirective COPY). CopyObject handles objects up to 5 GB.
-        try:
-            await self._client.copy_object(
-                Bucket=self.bucket,
-                Key=key,
-                CopySource={"Bucket": self.bucket, "Key": key},
-                StorageClass=storage_class,
-                MetadataDirective="COPY",
-            )
-        except Exception as exc:
-            if _is_not_found(exc):
-                raise BlobNotFound(key) from exc
-            raise
-
-    async def archive(self, key: str) -> None:
-        await self._set_storage_class(key, GLACIER_IR)
-
-    async def restore(self, key: str) -> None:
-        await self._set_storage_class(key, STANDARD)
-
-    # Multipart
-
-    async def start_multipart(self, key: str, *, content_type: str) -> str:
-        validate_key(key)
-        response = await self._client.create_multipart_upload(
-            Bucket=self.bucket, Key=key, ContentType=content_type
-        )
-        return str(response["UploadId"])
-
-    async def part_url(
-        self, key: str, upload_id: str, part_number: int, *, size_bytes: int, expires_in: int
-    ) -> str:
-        validate_key(key)
-        _check_expiry(expires_in)
-        _check_part(part_number, size_bytes)
-        url = await self._client.generate_presigned_url(
-            "upload_part",
-            Params={
-                "Bucket": self.bucket,
-                "Key": key,
-                "UploadId": upload_id,
-                "PartNumber": part_number,
-                "ContentLength": size_bytes,
-            },
-            ExpiresIn=expires_in,
-        )
-        return str(url)
-
-    async def uploaded_parts(self, key: str, upload_id: str) -> list[Part] | None:
-        validate_key(key)
-        parts: list[Part] = []
-        params: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "UploadId": upload_id}
-        while True:
-            try:
-                response = await self._client.list_parts(**params)
-            except Exception as exc:
-                if _error_code(exc) in {"NoSuchUpload", "404", "NoSuchKey"}:
-                    return None
-                raise
-            for found in response.get("Parts") or []:
-                parts.append(Part(int(found["PartNumber"]), int(found["Size"]), str(found["ETag"])))
-            if not response.get("IsTruncated"):
-                return sorted(parts, key=lambda part: part.number)
-            params["PartNumberMarker"] = response["NextPartNumberMarker"]
-
-    async def complete_multipart(self, key: str, upload_id: str, parts: Sequence[Part]) -> None:
-        validate_key(key)
-        try:
-            await self._client.complete_multipart_upload(
-                Bucket=self.bucket,
-                Key=key,
-                UploadId=upload_id,
-                MultipartUpload={"Parts": [{"PartNumber": p.number, "ETag": p.etag} for p in parts]},
-            )
-        except Exception as exc:
-            code = _error_code(exc)
-            if code == "NoSuchUpload":
-                raise BlobNotFound(key) from exc
-            if code in {"InvalidPart", "InvalidPartOrder"}:
-                raise PartsChanged(f"the parts of {key!r} changed: {code}") from exc
-            raise
-
-    async def abort_multipart(self, key: str, upload_id: str) -> None:
-        validate_key(key)
-        try:
-            await self._client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-        except Exception as exc:
-            if _error_code(exc) not in {"NoSuchUpload", "404"}:
-                raise
-
-
-@contextlib.asynccontextmanager
-async def open_s3_blob_store(
-    bucket: str, endpoint_url: str | None = None, region: str = "us-east-1"
-) -> AsyncIterator[S3BlobStore]:
-    """Open one S3 client for the process and make sure the bucket exists.
-
-    Credentials come from the usual chain (environment, profile, role). With
-    an `endpoint_url` (moto, MinIO, LocalStack) path-style addressing is used,
-    and the presigned URLs point at that endpoint, so clients must reach it.
-    """
-    import aioboto3
-    from aiobotocore.config import AioConfig
-
-    config = AioConfig(
-        signature_version="s3v4",
-        s3={"addressing_style": "path" if endpoint_url else "auto"},
-    )
-    session = aioboto3.Session()
-    async with session.client("s3", endpoint_url=endpoint_url, region_name=region, config=config) as client:
-        await _ensure_bucket(client, bucket, region)
-        yield S3BlobStore(client, bucket)
-
-
-async def _ensure_bucket(client: Any, bucket: str, region: str) -> None:
-    try:
-        await client.head_bucket(Bucket=bucket)
-        return
-    except Exception as exc:
-        if not _is_not_found(exc):
-            raise
-    kwargs: dict[str, Any] = {"Bucket": bucket}
-    if region != "us-east-1":
-        kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
-    try:
-        await client.create_bucket(**kwargs)
-    except Exception as exc:
-        if _error_code(exc) not in {"BucketAlreadyOwnedByYou"}:
-            raise
-        return  # another process made it, rule included
-    # Only on a bucket made here: putting a lifecycle configuration replaces the
-    # whole of it, and an existing bucket's rules are its owner's (the
-    # deployment's template has this rule among its own).
-    await client.put_bucket_lifecycle_configuration(
-        Bucket=bucket,
-        LifecycleConfiguration={"Rules": [ABORT_INCOMPLETE_UPLOADS_RULE]},
-    )
-
-
-ABORT_INCOMPLETE_UPLOADS_RULE: dict[str, Any] = {
-    "ID": "abort-incomplete-multipart-uploads",
-    "Status": "Enabled",
-    "Filter": {"Prefix": ""},
-    "AbortIncompleteMultipartUpload": {"DaysAfterInitiation": ABANDONED_UPLOAD_DAYS},
-}
-
-
-# Local --------------------------------------------------------------------
 
 Method = Literal["GET", "PUT"]
 _NONCE = re.compile(r"[0-9a-f]{32}")
@@ -500,22 +61,9 @@ class VerifiedUrl:
     part: int | None = None  # PUT of a part: its number
 
 
-def _discard(path: Path) -> None:
-    # Sync on purpose: one quick syscall, and safe in a cancelled task's cleanup.
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-
-
 def _flush_and_sync(out: BinaryIO) -> None:
     out.flush()
     os.fsync(out.fileno())
-
-
-def _temp_beside(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    os.close(fd)
-    return Path(name)
 
 
 class LocalBlobStore:
@@ -574,7 +122,7 @@ class LocalBlobStore:
         part: tuple[str, int] | None = None,
     ) -> str:
         validate_key(key)
-        _check_expiry(expires_in)
+        check_expiry(expires_in)
         expires = int(self._clock()) + expires_in
         nonce = secrets.token_hex(16)
         params: dict[str, str] = {"method": method, "expires": str(expires)}
@@ -727,7 +275,7 @@ class LocalBlobStore:
                 await asyncio.to_thread(_flush_and_sync, out)
             await asyncio.to_thread(commit, tmp)
         except BaseException:
-            _discard(tmp)
+            discard(tmp)
             raise
         return total
 
@@ -767,7 +315,7 @@ class LocalBlobStore:
     async def part_url(
         self, key: str, upload_id: str, part_number: int, *, size_bytes: int, expires_in: int
     ) -> str:
-        _check_part(part_number, size_bytes)
+        check_part(part_number, size_bytes)
         if not _NONCE.fullmatch(upload_id):
             raise ValueError("not an upload id of this store")
         return self._url("PUT", key, expires_in, size_bytes, None, (upload_id, part_number))
@@ -911,7 +459,7 @@ class LocalBlobStore:
         source = self.path_for(key)
         if not source.is_file():
             raise BlobNotFound(key)
-        tmp = _temp_beside(path)
+        tmp = temp_beside(path)
         try:
             shutil.copyfile(source, tmp)
             os.replace(tmp, path)
