@@ -56,6 +56,8 @@ class Sizes:
     scaleout_processes: int = 3
     probe_rounds: int = 5
     probes_per_round: int = 10
+    push_devices: int = 1000
+    push_rounds: int = 3
 
 
 FULL = Sizes()
@@ -79,6 +81,8 @@ QUICK = Sizes(
     scaleout_rounds=2,
     probe_rounds=2,
     probes_per_round=5,
+    push_devices=200,
+    push_rounds=2,
 )
 TINY = Sizes(
     exec_rounds=1,
@@ -101,6 +105,8 @@ TINY = Sizes(
     scaleout_processes=2,
     probe_rounds=1,
     probes_per_round=1,
+    push_devices=5,
+    push_rounds=1,
 )
 
 
@@ -154,7 +160,13 @@ def token(user_id: str, **claims: Any) -> str:
 
 
 def bench_settings(data_dir: Path, **changes: Any) -> Settings:
-    values: dict[str, Any] = {"data_dir": data_dir, "auth_secret": SECRET, "unlock_poll_seconds": 3600}
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "auth_secret": SECRET,
+        "unlock_poll_seconds": 3600,
+        # The typical calls register push devices there (tests/typical_calls.py).
+        "push_allowed_origins": ("http://127.0.0.1:9",),
+    }
     values.update(changes)
     return Settings(**values)
 

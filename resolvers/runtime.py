@@ -12,8 +12,11 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from resolvers.adapters import webpush
 from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
+from resolvers.adapters.sns import SnsPush
 from resolvers.adapters.transcribe import Transcriber, TranscriptionError
+from resolvers.adapters.webpush import WebPushSender
 from resolvers.core import workdirs
 from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
@@ -29,6 +32,7 @@ from resolvers.processes.exports import ExportBuilder
 from resolvers.processes.live import EventReads
 from resolvers.processes.mailer import Mailer
 from resolvers.processes.pipeline import Pipeline
+from resolvers.processes.pusher import Pusher, PushQueue
 from resolvers.processes.scheduler import UnlockScheduler
 from resolvers.services import Services
 from store.blobs import BlobStore, LocalBlobStore
@@ -182,6 +186,26 @@ def _trusted_documents(settings: Settings) -> TrustedDocuments | None:
     return trusted
 
 
+async def _open_push(
+    settings: Settings, stack: contextlib.AsyncExitStack
+) -> tuple[WebPushSender, SnsPush | None]:
+    """Web Push always (its VAPID key generated on first use); native push when
+    an SNS platform application is named."""
+    vapid = webpush.load_vapid(settings.data_dir, settings.vapid_private_key)
+    web = WebPushSender(
+        vapid, settings.vapid_subject, settings.push_allowed_origins, timeout=settings.push_timeout_seconds
+    )
+    stack.push_async_callback(web.close)
+    native: SnsPush | None = None
+    if settings.sns_apns_arn or settings.sns_fcm_arn:
+        from resolvers.adapters.sns import open_sns
+
+        native = await stack.enter_async_context(
+            open_sns(settings.sns_apns_arn, settings.sns_fcm_arn, settings.sns_endpoint, settings.region)
+        )
+    return web, native
+
+
 async def compose(
     settings: Settings,
     table: Table,
@@ -231,6 +255,16 @@ async def compose(
         streams_per_person=settings.max_subscriptions_per_person,
     )
     stack.push_async_callback(rates.streams.stop)
+    web_push, native_push = await _open_push(settings, stack)
+    pusher = PushQueue(
+        Pusher(table=table, settings=settings, clock=clock, web=web_push, native=native_push),
+        table=table,
+        broker=broker,
+        clock=clock,
+        lease=timedelta(seconds=settings.push_lease_seconds),
+        workers=settings.push_workers,
+    )
+    stack.push_async_callback(pusher.stop)
     return Services(
         settings=settings,
         table=table,
@@ -249,6 +283,9 @@ async def compose(
         accounts=accounts,
         transcriber=transcriber,
         mailer=Mailer(table=table, settings=settings, clock=clock) if settings.smtp_url else None,
+        web_push=web_push,
+        native_push=native_push,
+        pusher=pusher,
         clock=clock,
         metrics=metrics,
         tracer=tracer,
@@ -306,6 +343,13 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
             )
         ),
     ]
+    if services.pusher is not None:
+        await services.pusher.start()
+        tasks.append(
+            asyncio.create_task(
+                every(settings.push_recovery_seconds, "push recovery", services.pusher.recover, tracer)
+            )
+        )
     if services.mailer is not None:
         tasks.append(
             asyncio.create_task(every(settings.mail_poll_seconds, "mailer", services.mailer.run_once, tracer))

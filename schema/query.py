@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import strawberry
 
 from resolvers.core.pagination import page_size
-from resolvers.domain import capsules, exports, families, users
+from resolvers.domain import capsules, exports, families, push, users
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import tags as tag_resolvers
 from schema.account import DataExport
@@ -15,6 +15,7 @@ from schema.content import Content, ContentConnection, search_connection
 from schema.cost import charged
 from schema.family import Family, FamilyMember
 from schema.notification import NotificationConnection, NotificationPage
+from schema.push import PushDevice
 from schema.tag import TagConnection, TagStatus, tag_connection
 from schema.user import User
 
@@ -70,6 +71,17 @@ class Query:
         self, info: Info, first: int | None = 20, after: str | None = None
     ) -> CapsuleConnection:
         return capsule_connection(await capsules.received_capsules(info.context, page_size(first, 20), after))
+
+    @strawberry.field(description="the viewer's devices that receive pushes, oldest first")
+    async def my_push_devices(self, info: Info) -> list[PushDevice]:
+        return [PushDevice(item=device) for device in await push.my_devices(info.context)]
+
+    @strawberry.field(
+        description="the server's VAPID public key (base64url), the applicationServerKey for "
+        "pushManager.subscribe; null when Web Push is off"
+    )
+    async def web_push_public_key(self, info: Info) -> str | None:
+        return await push.web_push_public_key(info.context)
 
     @strawberry.field
     async def notifications(

@@ -385,6 +385,28 @@ def mail_outbox_gsi2(created_at: str, user_id: str, notification_id: str) -> tup
     return (MAIL_OUTBOX_PK, f"{created_at}#{user_id}#{notification_id}")
 
 
+PUSH_OUTBOX_PK = "PUSH_OUTBOX"
+
+
+def push_outbox_gsi1(created_at: str, user_id: str, notification_id: str) -> tuple[str, str]:
+    """A notification still to be pushed to its addressee's devices: the
+    notification itself carries these keys until the push worker settles it."""
+    return (PUSH_OUTBOX_PK, f"{created_at}#{user_id}#{notification_id}")
+
+
+def push_device(user_id: str, device_id: str) -> Key:
+    """A device a person receives pushes on, under their own partition: nobody
+    else's request can name it."""
+    return (f"USER#{user_id}", f"{PUSH_DEVICE_PREFIX}{device_id}")
+
+
+PUSH_DEVICE_PREFIX = "PUSHDEV#"
+
+
+def push_device_count(user_id: str) -> Key:
+    return (f"USER#{user_id}", "PUSHDEVCOUNT")
+
+
 def digest_pk(kind: str) -> str:
     """People who chose a digest of `kind` (DAILY or WEEKLY)."""
     return f"EMAIL_DIGEST#{kind}"

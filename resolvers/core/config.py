@@ -168,6 +168,39 @@ class Settings(BaseSettings):
     # How long an unsubscribe link in an email keeps working.
     mail_link_days: Annotated[int, Field(ge=1)] = 60
 
+    # Push to phones and browsers. Web Push is on by default, with VAPID keys
+    # generated into the data directory unless one is given (PEM, or the raw
+    # private key base64url); native push is on when an SNS platform
+    # application is named.
+    vapid_private_key: str | None = None
+    vapid_subject: str = "mailto:push@mifamilias.invalid"
+    push_allowed_origins: CommaSeparated = ()
+    sns_apns_arn: str | None = None
+    sns_fcm_arn: str | None = None
+    sns_endpoint: str | None = None
+    push_workers: Annotated[int, Field(ge=1)] = 4
+    push_lease_seconds: PositiveFloat = 60.0
+    push_recovery_seconds: PositiveFloat = 15.0
+    push_timeout_seconds: PositiveFloat = 10.0
+
+    @field_validator("vapid_subject")
+    @classmethod
+    def _vapid_subject(cls, value: str) -> str:
+        if not (value.startswith("mailto:") or value.startswith("https://")):
+            raise ValueError("must be a mailto: or https: contact, e.g. mailto:admin@example.org")
+        return value
+
+    @field_validator("push_allowed_origins")
+    @classmethod
+    def _push_origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        found = []
+        for origin in value:
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise ValueError(f"{origin!r} is not an origin, e.g. http://127.0.0.1:8443")
+            found.append(f"{parts.scheme}://{parts.netloc.lower()}")
+        return tuple(found)
+
     @field_validator("smtp_url")
     @classmethod
     def _smtp_url(cls, value: str | None) -> str | None:

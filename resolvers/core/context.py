@@ -15,7 +15,7 @@ from resolvers.core.auth import Claims, TokenExpired, bearer_token
 from resolvers.core.errors import ApiError, Unauthenticated
 from resolvers.core.loaders import Loaders
 from resolvers.core.ports import ContextServices
-from resolvers.core.ratelimit import client_address
+from resolvers.core.ratelimit import Transact, client_address
 from store import items, keys
 from store.port import ConditionFailed, NotExists, Table, WriteOp
 
@@ -98,13 +98,13 @@ class Context:
         subject = f"user:{await self.viewer_id()}"
         self._rate_windows[action] = await self.services.rates.check(subject, action, self.services.now())
 
-    async def counted(self, action: str, ops: Sequence[WriteOp]) -> None:
+    async def counted(self, action: str, ops: Sequence[WriteOp], transact: Transact | None = None) -> None:
         """Runs the operation's transaction with one `action` by the viewer
         counted in it, under the limit's condition (RATE_LIMITED, and nothing
-        written, when the window is full)."""
+        written, when the window is full); `transact` commits it, if not the table."""
         seen = self._rate_windows.get(action)
         subject = f"user:{await self.viewer_id()}"
-        await self.services.rates.counted(subject, action, self.services.now(), ops, seen)
+        await self.services.rates.counted(subject, action, self.services.now(), ops, seen, transact)
 
     def client_address(self) -> str:
         """Who is asking, on the network: the peer, or what a trusted proxy says."""

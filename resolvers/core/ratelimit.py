@@ -24,7 +24,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -44,6 +44,9 @@ from store.port import (
     any_of,
     eq,
 )
+
+# Commits one transaction of these writes.
+Transact = Callable[[list[WriteOp]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -142,14 +145,23 @@ class RateLimiter:
         return add, start
 
     async def counted(
-        self, subject: str, action: str, now: datetime, ops: Sequence[WriteOp], seen: int | None = None
+        self,
+        subject: str,
+        action: str,
+        now: datetime,
+        ops: Sequence[WriteOp],
+        seen: int | None = None,
+        transact: Transact | None = None,
     ) -> None:
         """Runs the transaction `ops` with one more `action` counted in it, under
         the condition that the window has room: RATE_LIMITED when it has none,
-        and then nothing of `ops` is written either."""
+        and then nothing of `ops` is written either. `transact` commits the
+        writes (the table's own by default; a writer that adds writes of its
+        own to the same transaction, such as the notifications')."""
+        transact = transact or self.table.transact
         found = self._window(action, now)
         if found is None:
-            await self.table.transact(ops)
+            await transact(list(ops))
             return
         limit, window, moment = found
         key = keys.rate(subject, action)
@@ -158,7 +170,7 @@ class RateLimiter:
         for _ in range(ATTEMPTS):
             for update in order:
                 try:
-                    await self.table.transact([*ops, update])
+                    await transact([*ops, update])
                     return
                 except TransactionCancelled as error:
                     if not error.failed_on(key):

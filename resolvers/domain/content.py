@@ -22,14 +22,13 @@ from resolvers.core.validation import clean_mime_type, clean_optional, clean_tex
 from resolvers.domain import access, families, notifications, tags
 from store import keys
 from store.blobs import BlobNotFound, BlobStore, Part, PartsChanged
-from store.enums import CapsuleStatus, ContentStatus, ContentType, NotificationType, Role
+from store.enums import CapsuleStatus, ContentStatus, ContentType, Role
 from store.items import (
     IN_PIPELINE,
     Capsule,
     Comment,
     Content,
     Membership,
-    Notification,
     Reaction,
     iso,
     reaction_attr,
@@ -582,37 +581,36 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
     _, content = await asyncio.gather(ctx.check_rate("comment"), load_content(ctx, content_id))
     if content is not None:
         # Whether the content's author still reads the family (someone who left
-        # hears nothing more of it), asked for beside the viewer's membership.
+        # hears nothing more of it), and the author's unread epoch, asked for
+        # beside the viewer's membership.
         ctx.loaders.ask(keys.member(content.family_id, content.author_id))
+        ctx.loaders.ask(*notifications.reads_for_user(content.author_id))
     content, membership = await readable_content(ctx, content_id)
     author = await ctx.loaders.item.load(keys.member(content.family_id, content.author_id))
     moment = ctx.services.now()
     comment = Comment(content.id, new_comment_id(moment), membership.user_id, text, iso(moment))
     count = Update(content.key, add={"commentCount": 1}, condition=Exists())
     ops: list[WriteOp] = [Put(comment.to_item(), NotExists()), count]
-    notes: list[Notification] = []
-    if (
+    tell = (
         content.author_id != membership.user_id
         and author is not None
         and author.get("role") in access.READERS
-    ):
-        notes.append(
-            Notification(
-                user_id=content.author_id,
-                id=notifications.notification_id(NotificationType.NEW_COMMENT, comment.id, content.author_id),
-                type=NotificationType.NEW_COMMENT,
-                created_at=comment.created_at,
-                family_id=content.family_id,
-                content_id=content.id,
-            )
-        )
-        # In the comment's own transaction: its id is new, so the note is too.
-        ops += [Put(note.to_item(), NotExists()) for note in notes]
+    )
+    notes = notifications.comment_notes(content, comment.id, comment.created_at, tell)
+    counters = await ctx.loaders.many(notifications.reads_for(notes))
+    prepared = notifications.prepared_from(
+        notes, dict(zip(notifications.reads_for(notes), counters, strict=True))
+    )
     before = await ctx.loaders.item.load(content.key)  # read by the rule: no round trip
     # With an Idempotency-Key, the key lands with the comment or neither does.
     ops += idempotency.commit_ops()
     try:
-        await ctx.counted("comment", ops)
+        # In the comment's own transaction (with its count and key): its id is
+        # new, so the note is too.
+        async def commit(batch: list[WriteOp]) -> None:
+            await notifications.write(ctx.table, broker_of(ctx), notes, prepared=prepared, beside=batch)
+
+        await ctx.counted("comment", ops, transact=commit)
     except TransactionCancelled as error:
         attempt = idempotency.current()
         if attempt is not None and attempt.lost(error):
@@ -621,7 +619,6 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
             ) from error
         raise not_found("content") from error
     ctx.loaders.written([before], [count])
-    await notifications.announce(broker_of(ctx), notes)
     return comment
 
 

@@ -412,7 +412,7 @@ async def notifications_added(
         viewer = await ctx.viewer_id()
         seen = Seen()
         place = Place(viewer)
-        async with _broker(ctx).subscribe(user_channel(viewer, "notifications")) as events:
+        async with _broker(ctx).subscribe(notifications.channel(viewer)) as events:
             replay = await _notifications_after(ctx, viewer, after, most) if after is not None else []
             while True:
                 for note in replay:

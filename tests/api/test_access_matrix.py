@@ -43,6 +43,7 @@ from store.port import Update
 from tests.api.conftest import Api
 from tests.factories import capsule_rows, family_rows, join, make_family, settle, upload
 from tests.servers import until
+from tests.typical_calls import web_subscription
 
 MATRIX = Path(__file__).with_name("access_matrix.txt")
 ROLES = ["none", "out", "pen", "left", "rem", "rleft", "crm", "oadm", "rcp", "mem", "adm"]
@@ -334,6 +335,14 @@ async def build_world(api: Api) -> World:
     export = await api.ok("mutation { requestDataExport { id } }", as_="mem")
     world.ids["export"] = export["requestDataExport"]["id"]
     world.markers[world.ids["export"]] = {"mem"}
+    # mem's push device: listed to mem alone, and removed by mem alone.
+    device = await api.ok(
+        "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id } }",
+        {"i": web_subscription("mem-phone")},
+        as_="mem",
+    )
+    world.ids["device"] = device["registerPushDevice"]["id"]
+    world.markers[world.ids["device"]] = {"mem"}
 
     # Each signed-in role also creates a capsule in a family of its own, whose
     # event is the sentinel that shows another event was not delivered.
@@ -371,6 +380,9 @@ def variables_for(
         "updateProfile": {"input": {}},
         "createFamily": {"input": {"name": "Otra familia", "trustLevel": "OPEN", "vouchThreshold": 1}},
         "markNotificationsRead": {"ids": None},
+        "registerPushDevice": {"input": web_subscription(target)},
+        "unregisterPushDevice": {"id": ids.get(target)},
+        "muteFamily": {"familyId": family, "until": later},
         "createUpload": {
             "input": {
                 "familyId": family,
