@@ -83,6 +83,9 @@ def read_matrix() -> list[Row]:
 # Documents generated from the schema -----------------------------------------------
 
 
+NESTED_PAGE = 5
+
+
 def _named(type_: GraphQLType) -> GraphQLType:
     while isinstance(type_, GraphQLNonNull | GraphQLList):
         type_ = type_.of_type
@@ -105,8 +108,11 @@ def selection(type_: GraphQLType, depth: int, path: frozenset[str] = frozenset()
             parts.append(name)
         elif depth > 0 and isinstance(inner, GraphQLObjectType) and inner.name not in path:
             sub = selection(inner, depth - 1, path | {named.name})
+            # Short pages keep every document under the cost limit: the world
+            # holds a few of each, and the rule is per object, not per page.
+            paged = f"{name}(first: {NESTED_PAGE})" if "first" in definition.args else name
             if sub:
-                parts.append(f"{name} {sub}")
+                parts.append(f"{paged} {sub}")
     return "{ " + " ".join(parts) + " }" if parts else ""
 
 
@@ -372,7 +378,7 @@ def variables_for(
         "capsule": {"id": ids.get(target)},
         "searchTags": {"familyId": family, "prefix": "ta"},
         # Title words: "NoteAX", "SealedAX" (adm's alone), "NoteBX".
-        "searchContent": {"familyId": family, "text": target.split(".")[-1]},
+        "searchContent": {"familyId": family, "text": target.split(".")[-1], "first": NESTED_PAGE},
         "myTags": {"prefix": ""},
         "tagStatus": {"familyId": family, "setName": "SetSealed" if target == "A" else "SetA"},
         "contentStatusChanged": {"contentId": ids.get(target)},
