@@ -17,6 +17,7 @@ from typing import TypeVar
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, Forbidden
 from resolvers.core.pagination import MAX_PAGE, ItemPage, query_page
+from resolvers.core.slices import built, each
 from resolvers.core.validation import clean_text
 from resolvers.domain import access, families
 from store import keys
@@ -136,21 +137,24 @@ async def create_capsule(
         created_at=ctx.services.now_iso(),
         recipient_ids=tuple(wanted),
     )
-    people = [Put(Recipient(capsule.id, user, unlock, family_id).to_item(), NotExists()) for user in wanted]
-    head, rest = _split(people)
+    people = await built(
+        wanted, lambda user: Put(Recipient(capsule.id, user, unlock, family_id).to_item(), NotExists())
+    )
+    # The capsule's put and the rate limit's count (`ctx.counted`) share the first transaction.
+    head, rest = _split(people, beside=2)
     # Recipients past the first transaction's room go first: without their
     # capsule they are invisible, and the capsule's own put is the commit.
     await _in_transactions(ctx.table, rest)
     puts = [Put(capsule.to_item(shards(ctx)), NotExists()), *head]
     await ctx.counted("capsule", puts)
-    for put in (*puts, *rest):  # the answer shows what was written without reading it again
-        ctx.loaders.remember(put.item)
+    # The answer shows what was written without reading it again.
+    await each((*puts, *rest), lambda put: ctx.loaders.remember(put.item))
     return capsule
 
 
-def _split(ops: list[W]) -> tuple[list[W], list[W]]:
-    """What fits beside the capsule's own write in one transaction, and the rest."""
-    return ops[: TRANSACTION_ITEMS - 1], ops[TRANSACTION_ITEMS - 1 :]
+def _split(ops: list[W], beside: int = 1) -> tuple[list[W], list[W]]:
+    """What fits beside `beside` writes of the capsule's own in one transaction, and the rest."""
+    return ops[: TRANSACTION_ITEMS - beside], ops[TRANSACTION_ITEMS - beside :]
 
 
 async def _in_transactions(table: Table, ops: Sequence[WriteOp]) -> None:
@@ -168,10 +172,12 @@ async def schedule_capsule(ctx: Context, capsule_id: str) -> Capsule:
         raise BadInput("the unlock date has passed; create a new capsule")
     scheduled = replace(capsule, status=CapsuleStatus.SCHEDULED)
     item = scheduled.to_item(shards(ctx))
-    listed: list[WriteOp] = []
-    for user in capsule.recipient_ids:
+
+    def listing(user: str) -> WriteOp:
         gsi1pk, gsi1sk = keys.recipient_gsi1(user, capsule.unlock_date, capsule.id)
-        listed.append(Update(keys.recipient(capsule.id, user), set={"GSI1PK": gsi1pk, "GSI1SK": gsi1sk}))
+        return Update(keys.recipient(capsule.id, user), set={"GSI1PK": gsi1pk, "GSI1SK": gsi1sk})
+
+    listed = await built(capsule.recipient_ids, listing)
     head, rest = _split(listed)
     # Listed before the capsule is SCHEDULED: the read rule hides a DRAFT from
     # its recipients, so a crash in between shows nobody anything.
@@ -204,10 +210,10 @@ async def cancel_capsule(ctx: Context, capsule_id: str) -> Capsule:
             condition=eq("status", capsule.status),
         ),
     ]
-    unlisted: list[WriteOp] = [
-        Update(keys.recipient(capsule.id, user), remove=["GSI1PK", "GSI1SK"])
-        for user in capsule.recipient_ids
-    ]
+    unlisted: list[WriteOp] = await built(
+        capsule.recipient_ids,
+        lambda user: Update(keys.recipient(capsule.id, user), remove=["GSI1PK", "GSI1SK"]),
+    )
     head, rest = _split(unlisted)
     try:
         await ctx.table.transact([*ops, *head])

@@ -34,6 +34,7 @@ from resolvers.core.context import Context
 from resolvers.core.errors import Conflict
 from resolvers.core.pagination import ItemPage, filtered_page
 from resolvers.core.ports import Event, EventBus
+from resolvers.core.slices import built
 from store import keys
 from store.enums import NotificationType, Role, TrustLevel
 from store.items import Capsule, Content, Family, Membership, Notification, UnreadCounter
@@ -349,10 +350,13 @@ def comment_notes(content: Content, comment_id: str, created_at: str, to_author:
     ]
 
 
-def unlocked_notes(capsule: Capsule, content_id: str, people: Sequence[str], at: str) -> list[Notification]:
-    """CAPSULE_UNLOCKED to each person told of an opening."""
-    return [
-        Notification(
+async def unlocked_notes(
+    capsule: Capsule, content_id: str, people: Sequence[str], at: str
+) -> list[Notification]:
+    """CAPSULE_UNLOCKED to each person told of an opening (a whole family, in slices)."""
+    return await built(
+        people,
+        lambda user: Notification(
             user_id=user,
             id=unlocked_id(capsule.id, user),
             type=NotificationType.CAPSULE_UNLOCKED,
@@ -360,9 +364,8 @@ def unlocked_notes(capsule: Capsule, content_id: str, people: Sequence[str], at:
             family_id=capsule.family_id,
             content_id=content_id,
             capsule_id=capsule.id,
-        )
-        for user in people
-    ]
+        ),
+    )
 
 
 def unlocked_id(capsule_id: str, user_id: str) -> str:

@@ -42,6 +42,7 @@ from resolvers.adapters.broker import Broker, user_channel
 from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
 from resolvers.core.ports import Event
+from resolvers.core.slices import built, in_slices
 from resolvers.domain import notifications
 from resolvers.domain.access import READERS
 from resolvers.domain.tags import unseal_ops
@@ -286,14 +287,15 @@ class UnlockScheduler:
         reads = DueReads()
         if not wanted:
             return reads
-        for item in (await self.table.batch_get(wanted)).values():
-            if item.get("type") == "Membership":
-                if item.get("role") in READERS:
-                    reads.readers.setdefault(item["familyId"], set()).add(item["userId"])
-            elif item.get("type") == "Content":
-                reads.contents[item["id"]] = Content.from_item(item)
-            else:
-                reads.summaries[item["contentId"]] = item
+        async for found in in_slices(list((await self.table.batch_get(wanted)).values())):
+            for item in found:
+                if item.get("type") == "Membership":
+                    if item.get("role") in READERS:
+                        reads.readers.setdefault(item["familyId"], set()).add(item["userId"])
+                elif item.get("type") == "Content":
+                    reads.contents[item["id"]] = Content.from_item(item)
+                else:
+                    reads.summaries[item["contentId"]] = item
         return reads
 
     async def _due(self, partition: str, until: str) -> list[Item]:
@@ -325,7 +327,7 @@ class UnlockScheduler:
         # who are its MEMBERs or ADMINs now are told (a creator who was removed
         # is not, and a recipient who left is not).
         people = [p for p in dict.fromkeys([*capsule.recipient_ids, capsule.creator_id]) if p in readers]
-        notes = notifications.unlocked_notes(capsule, content.id, people, unlocking_at)
+        notes = await notifications.unlocked_notes(capsule, content.id, people, unlocking_at)
         # Before the capsule opens, in replayable batches: a capsule of any size.
         # Each note is counted unread with it; a replay finds its note and
         # leaves it out, so nothing is written or counted twice.
@@ -379,10 +381,10 @@ class UnlockScheduler:
 
     async def _stamp(self, capsule: Capsule, recipients: Sequence[str], at: str) -> None:
         """The recipients' `notifiedAt`, in transactions of up to 100 (replaying one sets the same)."""
-        stamps: list[WriteOp] = [
-            Update(keys.recipient(capsule.id, user), set={"notifiedAt": at}, condition=Exists())
-            for user in recipients
-        ]
+        stamps: list[WriteOp] = await built(
+            recipients,
+            lambda user: Update(keys.recipient(capsule.id, user), set={"notifiedAt": at}, condition=Exists()),
+        )
         await asyncio.gather(
             *(
                 self.table.transact(stamps[n : n + TRANSACTION_ITEMS])
@@ -402,18 +404,23 @@ class UnlockScheduler:
         broker = self.broker
         if broker is not None:
             events: list[tuple[str, Event]] = []
-            for user in people:
-                events.append(
-                    (
-                        user_channel(user, "capsules"),
-                        {"kind": "capsule", "capsuleId": capsule_id, "unlockedAt": unlocked_at},
+            async for some in in_slices(people):
+                for user in some:
+                    events.append(
+                        (
+                            user_channel(user, "capsules"),
+                            {"kind": "capsule", "capsuleId": capsule_id, "unlockedAt": unlocked_at},
+                        )
                     )
-                )
-                events.append(
-                    notifications.announcement(user, unlocked_at, notifications.unlocked_id(capsule_id, user))
-                )
+                    events.append(
+                        notifications.announcement(
+                            user, unlocked_at, notifications.unlocked_id(capsule_id, user)
+                        )
+                    )
             if push_to:
-                told = [(user, unlocked_at, notifications.unlocked_id(capsule_id, user)) for user in push_to]
+                told = await built(
+                    push_to, lambda user: (user, unlocked_at, notifications.unlocked_id(capsule_id, user))
+                )
                 events.append(notifications.push_wake(told))
             await broker.publish_many(events)
         await self.table.delete(outbox)

@@ -5,13 +5,17 @@ the family size limit that bounds them."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections import Counter
 from typing import Any
 
 import pytest
 
-from resolvers.domain import families
+from resolvers.core import slices
+from resolvers.domain import families, notifications
 from store import keys
+from store.items import Recipient
 from store.port import StoreError, op_key
 from tests.api.conftest import Api, dump
 from tests.api.test_capsules import SCHEDULE, make_capsule, unlock
@@ -111,3 +115,65 @@ async def test_a_family_is_full_at_its_limit(api: Api, monkeypatch: pytest.Monke
     # Leaving makes room again.
     await api.ok("mutation($id: ID!) { leaveFamily(familyId: $id) }", {"id": family["id"]}, as_="cy")
     await join(api, "dee", family["inviteCode"])
+
+
+class Turns:
+    """Counts turns of the event loop (a task that only yields), and for each
+    watched function how many calls it made in one turn at most: a loop over a
+    whole family that never yields makes them all in one."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self.calls: dict[str, Counter[int]] = {}
+
+    async def spin(self) -> None:
+        while True:
+            self.turn += 1
+            await asyncio.sleep(0)
+
+    def watch(self, monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> None:
+        original = getattr(owner, name)
+        seen = self.calls.setdefault(name, Counter())
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            seen[self.turn] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    def most_in_one_turn(self, name: str) -> int:
+        return max(self.calls[name].values())
+
+    def total(self, name: str) -> int:
+        return sum(self.calls[name].values())
+
+
+async def test_a_capsule_for_1000_is_built_and_opened_in_slices(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    people = [f"q{n:04d}" for n in range(999)]  # with ana: the family's limit
+    family_id = "wholefamily"
+    await api.table.batch_write(family_rows(family_id, "ana", people))
+    turns = Turns()
+    turns.watch(monkeypatch, Recipient, "to_item")  # createCapsule's recipient items
+    turns.watch(monkeypatch, keys, "recipient")  # scheduling, and the unlock's stamps
+    turns.watch(monkeypatch, notifications, "unlocked_id")  # the unlock's notes and events
+    spinner = asyncio.create_task(turns.spin())
+    try:
+        capsule_id = await make_capsule(api, "ana", family_id, ["ana", *people], days=1)
+        await api.ok(SCHEDULE, {"id": capsule_id}, as_="ana")
+        await upload(api, "ana", family_id, "TEXT", b"para todos", "text/plain", capsule_id=capsule_id)
+        await settle(api)
+        assert (await unlock(api)).unlocked == 1
+    finally:
+        spinner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await spinner
+    assert turns.total("to_item") >= 1000
+    assert turns.total("recipient") >= 2000  # listed when scheduled, stamped when opened
+    assert turns.total("unlocked_id") >= 2000  # a note and an event each
+    # Other tasks ran between every slice of each of those loops.
+    for name in ("to_item", "recipient", "unlocked_id"):
+        assert turns.most_in_one_turn(name) <= slices.SLICE <= 100, name
+    # And what was written is the same as ever: one note each, every stamp.
+    assert await unlocked_notes(api, capsule_id) == Counter({person: 1 for person in ["ana", *people]})
