@@ -107,6 +107,13 @@ def rows_of(n: int, results: dict[str, dict[str, Any]]) -> list[Row]:
     return rows
 
 
+def run(sizes: Sizes, log_dir: Path) -> list[Row]:
+    data_dir = log_dir / "gc"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    n = sizes.robust_subscribers
+    return rows_of(n, measure(n, sizes.fanout_processes, data_dir, log_dir))
+
+
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else Sizes().robust_subscribers
     with tempfile.TemporaryDirectory() as tmp:

@@ -67,6 +67,17 @@ def rows_of(n: int, memory: Memory, chosen: str) -> list[Row]:
     return rows
 
 
+def run(sizes: Sizes, log_dir: Path) -> list[Row]:
+    """This part within section 3 (whose `fanout.run` has seeded the people)."""
+    from resolvers.core.config import Settings
+
+    n = sizes.fanout_clients
+    people = [f"sub{k:05d}" for k in range(n)]
+    tokens, warm = [token(p) for p in people], [token(f"warm{k}") for k in range(min(5, n))]
+    memory = measure(tokens, warm, log_dir / "fanout", sizes.fanout_processes, log_dir)
+    return rows_of(n, memory, Settings.model_fields["ws_implementation"].default)
+
+
 def main() -> None:
     from bench.fanout import seed_people
     from resolvers.core.config import Settings
