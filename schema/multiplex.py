@@ -20,12 +20,6 @@ class. So a document is shared only when every field it selects is in
 listed (a new one, or a viewer's own such as `viewerReactions`) makes the
 document run per subscriber, as before. The one per-viewer field allowed is
 `CapsuleUnlockedEvent.id`, written into each subscriber's copy.
-
-A shared result is also encoded once (`SharedFrame`): each subscriber's copy
-is a `SharedData`, a dict like any other for whoever reads it, whose JSON is
-the shared bytes with the subscriber's event id joined in; the transport's
-`encode_json` (`encoded_message`) writes it into the frame as it is, so a
-subscriber's frame costs the encoding of its envelope (`id`, `type`) alone.
 """
 
 from __future__ import annotations
@@ -37,7 +31,6 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, cast
 
-import orjson
 from graphql import (
     ExecutionResult,
     FieldNode,
@@ -153,65 +146,6 @@ def _only_shareable(
     return True
 
 
-# Stands for the per-viewer event id in a shared frame: NULs cannot be in an id.
-_EVENT_ID = "\x00event-id\x00"
-_EVENT_ID_JSON = orjson.dumps(_EVENT_ID)
-
-
-class SharedFrame:
-    """One shared result's data, encoded once, cut where the event ids go."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self, data: dict[str, Any], plan: Plan) -> None:
-        template = data
-        if plan.event_ids:
-            template = {**data, plan.root: {**data[plan.root], **dict.fromkeys(plan.event_ids, _EVENT_ID)}}
-        parts = orjson.dumps(template).split(_EVENT_ID_JSON)
-        # Cut once per event id, or not shared at all (the marker in the data itself).
-        self.parts: tuple[bytes, ...] | None = tuple(parts) if len(parts) == len(plan.event_ids) + 1 else None
-
-    def encoded(self, event_id: str | None) -> bytes | None:
-        if self.parts is None:
-            return None
-        if len(self.parts) == 1:
-            return self.parts[0]
-        return orjson.dumps(event_id).join(self.parts)
-
-
-class SharedData(dict[str, Any]):
-    """A subscriber's copy of a shared result's data, with its frame."""
-
-    __slots__ = ("event_id", "frame")
-
-    def __init__(self, data: dict[str, Any], frame: SharedFrame, event_id: str | None) -> None:
-        super().__init__(data)
-        self.frame = frame
-        self.event_id = event_id
-
-    def encoded(self) -> bytes | None:
-        return self.frame.encoded(self.event_id)
-
-
-def encoded_message(message: object) -> bytes | None:
-    """The JSON of a message (a WebSocket `next`/`data`, or an event's result)
-    whose data is a `SharedData`, with the shared bytes in it; None for any other."""
-    if not isinstance(message, dict):
-        return None
-    payload = message.get("payload")
-    outer = message
-    if isinstance(payload, dict):
-        outer, message = message, payload
-    data = message.get("data")
-    if type(data) is not SharedData:
-        return None
-    encoded = data.encoded()
-    if encoded is None:
-        return None
-    inner = {**message, "data": orjson.Fragment(encoded)}
-    return orjson.dumps({**outer, "payload": inner} if outer is not message else inner)
-
-
 class SharedResults:
     """Results being (or just) executed, by what makes them the same. An entry
     lives for the event's delivery: a few seconds."""
@@ -220,7 +154,6 @@ class SharedResults:
 
     def __init__(self) -> None:
         self._results: dict[Hashable, tuple[float, asyncio.Future[ExecutionResult]]] = {}
-        self._frames: dict[Hashable, tuple[ExecutionResult, SharedFrame]] = {}
         self.executions = 0  # how many events were executed here (tests read it)
 
     def result(
@@ -230,7 +163,6 @@ class SharedResults:
         now = time.monotonic()
         if len(self._results) > 1000:
             self._results = {k: v for k, v in self._results.items() if v[0] > now}
-            self._frames = {k: v for k, v in self._frames.items() if k in self._results}
         found = self._results.get(key)
         if found is not None and found[0] > now:
             return found[1]
@@ -243,18 +175,7 @@ class SharedResults:
         else:
             future = asyncio.ensure_future(outcome)
         self._results[key] = (now + self.TTL_SECONDS, future)
-        self._frames.pop(key, None)
         return future
-
-    def frame(self, key: Hashable, result: ExecutionResult, plan: Plan) -> SharedFrame:
-        """`result`'s data encoded once, for every subscriber that shares it."""
-        found = self._frames.get(key)
-        if found is not None and found[0] is result:
-            return found[1]
-        assert result.data is not None
-        frame = SharedFrame(result.data, plan)
-        self._frames[key] = (result, frame)
-        return frame
 
 
 SHARED = SharedResults()
@@ -264,20 +185,14 @@ def _variables(values: dict[str, Any]) -> str:
     return json.dumps(values, sort_keys=True, default=str)
 
 
-def _copy_for(
-    result: ExecutionResult, plan: Plan, event_id: str | None, frame: SharedFrame | None = None
-) -> ExecutionResult:
+def _copy_for(result: ExecutionResult, plan: Plan, event_id: str | None) -> ExecutionResult:
     data = result.data
-    if data is None or (plan.event_ids and event_id is None):
+    if not plan.event_ids or data is None or event_id is None:
         return ExecutionResult(data=data, errors=result.errors)
-    if plan.event_ids:
-        event = dict(data[plan.root])
-        for key in plan.event_ids:
-            event[key] = event_id
-        data = {**data, plan.root: event}
-    if frame is None:
-        return ExecutionResult(data=data, errors=result.errors)
-    return ExecutionResult(data=SharedData(data, frame, event_id), errors=result.errors)
+    event = dict(data[plan.root])
+    for key in plan.event_ids:
+        event[key] = event_id
+    return ExecutionResult(data={**data, plan.root: event}, errors=result.errors)
 
 
 class MultiplexingExecutionContext(GuardedExecutionContext):
@@ -293,14 +208,14 @@ class MultiplexingExecutionContext(GuardedExecutionContext):
             return super().execute_operation(serially)
         key = (plan.text, _variables(self.variable_values.coerced), share)
         shared = SHARED.result(key, lambda: self._execute(serially))
-        return self._answer(key, shared, plan, getattr(self.root_value, "id", None))
+        return self._answer(shared, plan, getattr(self.root_value, "id", None))
 
     def _execute(self, serially: bool | None) -> Awaitable[ExecutionResult] | ExecutionResult:
         # A subscription's event is one ExecutionResult (no incremental delivery).
         return cast("Awaitable[ExecutionResult] | ExecutionResult", super().execute_operation(serially))
 
     async def _answer(
-        self, key: Hashable, shared: asyncio.Future[ExecutionResult], plan: Plan, event_id: str | None
+        self, shared: asyncio.Future[ExecutionResult], plan: Plan, event_id: str | None
     ) -> ExecutionResult:
         result = await asyncio.shield(shared)
         if result.errors:
@@ -308,5 +223,4 @@ class MultiplexingExecutionContext(GuardedExecutionContext):
             # this subscriber runs its own.
             own = self._execute(False)
             return (await own) if isinstance(own, Awaitable) else own
-        frame = SHARED.frame(key, result, plan)
-        return _copy_for(result, plan, str(event_id) if event_id is not None else None, frame)
+        return _copy_for(result, plan, str(event_id) if event_id is not None else None)

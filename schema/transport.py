@@ -58,7 +58,7 @@ from resolvers.core import idempotency, logs
 from resolvers.core.context import Context
 from resolvers.core.errors import ApiError, PersistedQueryNotFound
 from resolvers.services import Services
-from schema import backpressure, multiplex, socket_auth, streams
+from schema import backpressure, socket_auth, streams
 
 log = logging.getLogger("mifamilias.transport")
 
@@ -648,10 +648,8 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
 
     def encode_json(self, data: object) -> str:
         # orjson is several times faster than json on results; a str keeps
-        # WebSocket frames textual, as graphql-ws clients expect. A shared
-        # subscription event's data is encoded once for all who share it.
-        encoded = multiplex.encoded_message(data)
-        return (encoded if encoded is not None else orjson.dumps(data)).decode()
+        # WebSocket frames textual, as graphql-ws clients expect.
+        return orjson.dumps(data).decode()
 
     def decode_json(self, data: str | bytes) -> object:
         return orjson.loads(data)

@@ -159,39 +159,3 @@ def test_only_listed_fields_are_shared_generated_from_the_schema() -> None:
         type_name, name = entry.split(".")
         listed = core.type_map[type_name]
         assert isinstance(listed, GraphQLObjectType) and name in listed.fields, entry
-
-
-def test_a_shared_frame_is_the_json_of_each_subscribers_own_copy() -> None:
-    """The bytes a shared event is written with are, for every subscriber, the
-    JSON its own message would encode to: its event id in place, the rest shared."""
-    import orjson
-    from graphql import ExecutionResult, parse
-
-    from schema.multiplex import Plan, SharedData, _copy_for, encoded_message, plan_for
-
-    document = parse(SHARED_DOC)
-    plan = plan_for(schema._schema, document.definitions[0])  # type: ignore[arg-type]
-    assert isinstance(plan, Plan) and plan.event_ids == ("id",)
-    capsule = {"id": "c1", "title": 'a "quoted" title \u00e9', "status": "AVAILABLE"}
-    shared = ExecutionResult(data={"capsuleUnlocked": {"id": "e0", "unlockedAt": "t", "capsule": capsule}})
-    frame = SHARED.frame("test-key", shared, plan)
-    assert SHARED.frame("test-key", shared, plan) is frame  # encoded once
-    for event_id, operation in (("e1", "1"), ('e"2', "op-2")):
-        copy = _copy_for(shared, plan, event_id, frame)
-        assert isinstance(copy.data, SharedData)
-        assert copy.data["capsuleUnlocked"]["id"] == event_id  # a dict like any other
-        for message in (
-            {"id": operation, "type": "next", "payload": {"data": copy.data}},
-            {"type": "data", "id": operation, "payload": {"data": copy.data}},
-            {"data": copy.data},
-        ):
-            encoded = encoded_message(message)
-            assert encoded is not None
-            assert orjson.loads(encoded) == orjson.loads(orjson.dumps(message))
-    # Data that holds the marker itself is not cut: it is encoded the plain way.
-    odd = ExecutionResult(
-        data={"capsuleUnlocked": {"id": "e0", "unlockedAt": "t", "capsule": {"title": "\x00event-id\x00"}}}
-    )
-    copy = _copy_for(odd, plan, "e1", SHARED.frame("odd-key", odd, plan))
-    assert encoded_message({"payload": {"data": copy.data}}) is None
-    assert encoded_message({"payload": {"data": {"plain": 1}}}) is None
