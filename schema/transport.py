@@ -152,6 +152,11 @@ async def persisted_query(
     persisted = context.services.persisted
     if persisted.trusted is None and query and not _hash_sent(extensions):
         return query  # the common case: no hashing, no lookup
+    refusal = context.signed_in_error()
+    if not query and _hash_sent(extensions) and refusal is not None:
+        # A hash alone reads the store: without a token it tells nothing, not
+        # even whether anyone has run that document.
+        raise refusal
     settings = context.services.settings
 
     def unlisted_allowed(text: str) -> bool:
@@ -304,6 +309,26 @@ class _Guarded:
         for operation_id in self._operation_ids():
             await self.cleanup_operation(operation_id)  # type: ignore[attr-defined]
 
+    def _running(self) -> int:
+        """The operations this connection carries now."""
+        raise NotImplementedError
+
+    async def _over_connection_limit(self, operation_id: str) -> bool:
+        """Whether the connection carries as many operations as it may
+        (`MIFAMILIAS_MAX_SUBSCRIPTIONS_PER_CONNECTION`); if so the new one is
+        refused with RATE_LIMITED and the socket stays open."""
+        limit = self.context.services.settings.max_subscriptions_per_connection
+        if self._running() < limit:
+            return False
+        message = (
+            f"this connection already carries {limit} operations, the most there may be; "
+            "end one before starting another"
+        )
+        await self._refuse_operation(
+            operation_id, {"message": message, "extensions": {"code": "RATE_LIMITED", "limit": limit}}
+        )
+        return True
+
     async def _persisted(self, message: Any) -> Any | None:
         """The subscribe (or start) message with the document it names in
         `payload.query`; None when it was refused (the refusal is sent)."""
@@ -389,8 +414,15 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
     def _operation_ids(self) -> list[str]:
         return list(self.operations)
 
+    def _running(self) -> int:
+        return len(self.operations)
+
     async def handle_subscribe(self, message: Any) -> None:
-        if not await self._expired() and (message := await self._persisted(message)) is not None:
+        if await self._expired() or (
+            self.connection_acknowledged and await self._over_connection_limit(message["id"])
+        ):
+            return
+        if (message := await self._persisted(message)) is not None:
             with _keyed(message):
                 await super().handle_subscribe(message)
 
@@ -450,8 +482,15 @@ class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
     def _operation_ids(self) -> list[str]:
         return list(self.tasks)
 
+    def _running(self) -> int:
+        return len(self.tasks)
+
     async def handle_start(self, message: Any) -> None:
-        if not await self._expired() and (message := await self._persisted(message)) is not None:
+        if await self._expired() or (
+            self.connection_acknowledged and await self._over_connection_limit(message["id"])
+        ):
+            return
+        if (message := await self._persisted(message)) is not None:
             with _keyed(message):
                 await super().handle_start(message)
 

@@ -37,6 +37,7 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
         "`feed` metrics on, tracing on / metrics off, tracing off (req/s)",
         "  capsules opened exactly once (counters sum to the capsules, every round, 1 and N processes)",
         "warm / fresh",
+        "ours / floor, 4 workers",
     ):
         assert expected in measures, expected
     assert any(m.startswith("embedded store:") for m in measures)

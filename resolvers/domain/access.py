@@ -141,6 +141,19 @@ def capsule_role_allows(capsule: Capsule, viewer: str) -> bool:
     return viewer in capsule.recipient_ids and capsule.status in VISIBLE_TO_RECIPIENTS
 
 
+def capsule_readable(capsule: Capsule, viewer: str, membership: Membership | None) -> bool:
+    """The whole rule for a capsule, given the viewer's membership of its
+    family now (what `may_read` decides, for a caller without a request, such
+    as an export's build)."""
+    return (
+        capsule_role_allows(capsule, viewer)
+        and membership is not None
+        and membership.family_id == capsule.family_id
+        and membership.user_id == viewer
+        and membership.role in READERS
+    )
+
+
 async def load_content(ctx: Context, content_id: str) -> Content | None:
     if not keys.usable_id(content_id):
         return None
@@ -171,7 +184,7 @@ async def _decide(ctx: Context, record: GuardedRecord) -> bool:
             return False
         return await reader(ctx, record.family_id) is not None
     if isinstance(record, Capsule):
-        return capsule_role_allows(record, viewer) and await reader(ctx, record.family_id) is not None
+        return capsule_readable(record, viewer, await membership(ctx, record.family_id))
     if isinstance(record, Recipient):
         capsule = await load_capsule(ctx, record.capsule_id)
         return capsule is not None and await may_read(ctx, capsule)

@@ -505,6 +505,34 @@ async def test_photo_original_strips_exif_gps_xmp_and_iptc_location_losslessly(t
     assert not again.exists()
 
 
+# The same location with the exif namespace as the default one (no prefix) and
+# under a prefix of the writer's choosing.
+UNPREFIXED_XMP = (
+    b'<?xpacket begin="\xef\xbb\xbf" id="W5M0MpCehiHzreSzNTczkc9d"?>'
+    b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+    b'<rdf:Description rdf:about="" xmlns="http://ns.adobe.com/exif/1.0/"'
+    b' xmlns:e2="http://ns.adobe.com/exif/1.0/" xmlns:dc="http://purl.org/dc/elements/1.1/"'
+    b' GPSAltitude="650/1" e2:GPSLatitude="40,25.025N">'
+    b"<GPSLongitude>3,42.2W</GPSLongitude><e2:GPSDestLatitude>40,25N</e2:GPSDestLatitude>"
+    b'<dc:title><rdf:Alt><rdf:li xml:lang="x-default">Sol</rdf:li></rdf:Alt></dc:title>'
+    b"</rdf:Description></rdf:RDF></x:xmpmeta>" + b" " * 64 + b'<?xpacket end="w"?>'
+)
+
+
+async def test_photo_original_strips_xmp_location_whatever_its_prefix(tmp_path: Path) -> None:
+    extra = _segment(0xE1, b"http://ns.adobe.com/xap/1.0/\x00" + UNPREFIXED_XMP)
+    src = mf.make_photo_with_location(tmp_path, "JPEG", extra=extra)
+    clean = tmp_path / "clean.jpg"
+    assert (await media.photo_original(src, clean)).stripped
+    data = clean.read_bytes()
+    for gone in (b"GPSAltitude", b"GPSLatitude", b"GPSLongitude", b"GPSDestLatitude", b"3,42.2W", b"650/1"):
+        assert gone not in data, gone
+    assert b"Sol" in data
+    with Image.open(clean) as img:
+        xmp = img.info["xmp"]
+    ElementTree.fromstring(xmp.split(b"?>", 1)[1].rsplit(b"<?", 1)[0])  # still well-formed XML
+
+
 async def test_photo_original_cleans_every_jpeg_of_the_file_and_drops_what_follows(tmp_path: Path) -> None:
     """An MPF-style file (a second JPEG after the first, as a gain map) with a trailer."""
     first = mf.make_photo_with_location(tmp_path, "JPEG", name="first.jpg").read_bytes()
