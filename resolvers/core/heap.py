@@ -16,6 +16,7 @@ import asyncio
 import gc
 import logging
 import time
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -27,23 +28,24 @@ THAW_AFTER = 1_000  # ended subscriptions at least, before a thaw is worth its p
 class SubscriptionHeap:
     """Counts subscriptions coming and going, and freezes or thaws the heap."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    def __init__(self, enabled: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         self.enabled = enabled
+        self._clock = clock
         self._new = 0  # started since the last freeze
         self._last_new = 0.0
         self._first_new = 0.0
         self._frozen = 0  # live when the heap was last frozen
-        self._live = 0
+        self.live = 0
         self._ended = 0  # ended since the last thaw
         self._timer: asyncio.TimerHandle | None = None
         self.freezes = 0
         self.thaws = 0
 
     def started(self) -> None:
-        self._live += 1
+        self.live += 1
         if not self.enabled:
             return
-        now = time.monotonic()
+        now = self._clock()
         if self._new == 0:
             self._first_new = now
         self._new += 1
@@ -52,7 +54,7 @@ class SubscriptionHeap:
             self._timer = asyncio.get_running_loop().call_later(QUIET_SECONDS, self._settle)
 
     def ended(self) -> None:
-        self._live -= 1
+        self.live -= 1
         if not self.enabled:
             return
         self._ended += 1
@@ -61,7 +63,7 @@ class SubscriptionHeap:
 
     def _settle(self) -> None:
         self._timer = None
-        now = time.monotonic()
+        now = self._clock()
         if now - self._last_new < QUIET_SECONDS and now - self._first_new < MOST_SECONDS:
             self._timer = asyncio.get_running_loop().call_later(
                 QUIET_SECONDS - (now - self._last_new), self._settle
@@ -72,7 +74,7 @@ class SubscriptionHeap:
     def _freeze(self) -> None:
         gc.freeze()
         self.freezes += 1
-        self._frozen = self._live
+        self._frozen = self.live
         self._new = 0
 
     def _thaw(self) -> None:
