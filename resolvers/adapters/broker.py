@@ -15,6 +15,8 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
+from resolvers.core.errors import Unavailable
+from resolvers.core.heap import SubscriptionHeap
 from resolvers.core.metrics import Metrics
 from resolvers.core.ports import Event, EventBus
 
@@ -68,8 +70,9 @@ class Broker(EventBus, Protocol):
 class _Fanout:
     """Local delivery to the queues of this process's subscribers."""
 
-    def __init__(self, metrics: Metrics | None = None) -> None:
+    def __init__(self, metrics: Metrics | None = None, heap: SubscriptionHeap | None = None) -> None:
         self.metrics = metrics or Metrics.disabled()
+        self.heap = heap or SubscriptionHeap(enabled=False)
         self.queues: defaultdict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
         # The delivery still running on each channel: the next waits for it, so
         # every subscriber sees a channel's events in the order they came.
@@ -109,9 +112,15 @@ class _Fanout:
                     queue.put_nowait(event)
                     delivered += 1
                 except asyncio.QueueFull:
-                    # A subscriber this far behind is stuck; dropping beats unbounded memory.
+                    # A subscriber this far behind is stuck; its stream ends at its
+                    # next read (it resumes with `after`), and memory stays bounded.
                     dropped += 1
-                    log.warning("dropping an event for a slow subscriber on %s", channel)
+                    if isinstance(queue, Inbox) and not queue.fell_behind:
+                        queue.fell_behind = True
+                        self.metrics.slow_client_closed("stream", "queue_full")
+                        log.warning(
+                            "a subscriber on %s fell %d events behind; its stream ends", channel, QUEUE_LIMIT
+                        )
         finally:
             self.metrics.delivered(channel, delivered, dropped)
 
@@ -125,11 +134,13 @@ class _Fanout:
 
     @contextlib.asynccontextmanager
     async def listen(self, channel: str) -> AsyncIterator[asyncio.Queue[Event]]:
-        queue: asyncio.Queue[Event] = asyncio.Queue(QUEUE_LIMIT)
+        queue = Inbox(QUEUE_LIMIT)
         self.queues[channel].add(queue)
+        self.heap.started()
         try:
             yield queue
         finally:
+            self.heap.ended()
             subscribers = self.queues.get(channel)
             if subscribers is not None:
                 subscribers.discard(queue)
@@ -137,14 +148,27 @@ class _Fanout:
                     del self.queues[channel]
 
 
+class Inbox(asyncio.Queue[Event]):
+    """One subscriber's events, bounded; `fell_behind` once one did not fit."""
+
+    fell_behind = False
+
+
 async def _drain(queue: asyncio.Queue[Event]) -> AsyncIterator[Event]:
     while True:
+        if isinstance(queue, Inbox) and queue.fell_behind:
+            # What it holds is stale by now: the client reads on from its last event.
+            raise Unavailable(
+                f"this stream fell more than {QUEUE_LIMIT} events behind and was ended: "
+                "subscribe again with `after` set to the id of the last event you received",
+                retryAfter=0,
+            )
         yield await queue.get()
 
 
 class InProcessBroker:
-    def __init__(self, metrics: Metrics | None = None) -> None:
-        self._fanout = _Fanout(metrics)
+    def __init__(self, metrics: Metrics | None = None, heap: SubscriptionHeap | None = None) -> None:
+        self._fanout = _Fanout(metrics, heap)
         self.metrics = self._fanout.metrics
 
     async def publish(self, channel: str, event: Event) -> None:
@@ -177,13 +201,20 @@ class RedisBroker:
     """One Redis connection listens for the whole process; it subscribes to a
     channel while this process has at least one local subscriber to it."""
 
-    def __init__(self, url: str, prefix: str = "mifamilias:", *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "mifamilias:",
+        *,
+        metrics: Metrics | None = None,
+        heap: SubscriptionHeap | None = None,
+    ) -> None:
         import redis.asyncio as redis
 
         self._redis = redis.from_url(url)
         self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         self._prefix = prefix
-        self._fanout = _Fanout(metrics)
+        self._fanout = _Fanout(metrics, heap)
         self.metrics = self._fanout.metrics
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()

@@ -40,7 +40,8 @@ CODES = frozenset(
         "UNAVAILABLE",
     }
 )
-TRANSPORTS = frozenset({"graphql-transport-ws", "graphql-ws", "sse", "multipart"})
+# "stream": a subscriber let go by the broker (its events queue full), whatever carries it.
+TRANSPORTS = frozenset({"graphql-transport-ws", "graphql-ws", "sse", "multipart", "stream"})
 SLOW_REASONS = frozenset({"queue_full", "stalled"})
 CHANNELS = frozenset({"capsules", "notifications", "content"})
 STORE_KINDS = frozenset(

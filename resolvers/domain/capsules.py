@@ -140,8 +140,9 @@ async def create_capsule(
     people = await built(
         wanted, lambda user: Put(Recipient(capsule.id, user, unlock, family_id).to_item(), NotExists())
     )
-    # The capsule's put and the rate limit's count (`ctx.counted`) share the first transaction.
-    head, rest = _split(people, beside=2)
+    # Beside the capsule's put, its transaction holds the rate count and,
+    # with an Idempotency-Key, the key.
+    head, rest = _split(people, beside=3)
     # Recipients past the first transaction's room go first: without their
     # capsule they are invisible, and the capsule's own put is the commit.
     await _in_transactions(ctx.table, rest)
@@ -153,7 +154,8 @@ async def create_capsule(
 
 
 def _split(ops: list[W], beside: int = 1) -> tuple[list[W], list[W]]:
-    """What fits beside `beside` writes of the capsule's own in one transaction, and the rest."""
+    """What fits beside `beside` other writes (the capsule's own, say) in one
+    transaction, and the rest."""
     return ops[: TRANSACTION_ITEMS - beside], ops[TRANSACTION_ITEMS - beside :]
 
 
