@@ -123,7 +123,7 @@ async def viewer_reactions(ctx: Context, content: Content) -> list[str]:
 
 async def feed_page(ctx: Context, family_id: str, first: int, after: str | None) -> ItemPage:
     await families.readable_family(ctx, family_id)
-    return await query_page(
+    page = await query_page(
         ctx,
         scope=f"feed:{family_id}",
         pk=keys.family_pk(family_id),
@@ -133,6 +133,7 @@ async def feed_page(ctx: Context, family_id: str, first: int, after: str | None)
         first=first,
         after=after,
     )
+    return await access.readable_page(ctx, page, Content)
 
 
 # Uploads ----------------------------------------------------------------------
@@ -547,7 +548,7 @@ def comment_key_of(content_id: str, comment_id: str) -> tuple[str, str] | None:
 
 
 async def comments_page(ctx: Context, content: Content, first: int, after: str | None) -> ItemPage:
-    return await query_page(
+    page = await query_page(
         ctx,
         scope=f"comments:{content.id}",
         pk=keys.content_pk(content.id),
@@ -555,6 +556,7 @@ async def comments_page(ctx: Context, content: Content, first: int, after: str |
         first=first,
         after=after,
     )
+    return await access.readable_page(ctx, page, Comment)
 
 
 async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
