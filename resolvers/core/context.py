@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from resolvers.core import logs
+from resolvers.core import idempotency, logs
 from resolvers.core.auth import Claims, TokenExpired, bearer_token
 from resolvers.core.errors import ApiError, Unauthenticated
 from resolvers.core.loaders import Loaders
@@ -92,7 +92,8 @@ class Context:
 
     @property
     def table(self) -> Table:
-        return self.services.table
+        # While a mutation with an Idempotency-Key runs, its first write carries the key.
+        return idempotency.keyed(self.services.table)
 
     async def check_rate(self, action: str) -> None:
         """RATE_LIMITED when the viewer has used up their `action`s for now."""
@@ -147,7 +148,8 @@ class Context:
             raise refusal or Unauthenticated("sign in: send a Bearer token")
         user_id = self.claims.sub
         if user_id not in self.services.known_users:
-            await self._ensure_user(self.claims)
+            with idempotency.aside():  # the person's profile, not the mutation's write
+                await self._ensure_user(self.claims)
             self.services.known_users.add(user_id)
         return user_id
 

@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 import emoji as emoji_data
 
 from resolvers.adapters.broker import content_channel, publish_committed
-from resolvers.core import idempotency
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, Forbidden, not_found
 from resolvers.core.pagination import ItemPage, query_page
@@ -595,16 +594,10 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
         # In the comment's own transaction: its id is new, so the note is too.
         ops += [Put(note.to_item(), NotExists()) for note in notes]
     before = await ctx.loaders.item.load(content.key)  # read by the rule: no round trip
-    # With an Idempotency-Key, the key lands with the comment or neither does.
-    ops += idempotency.commit_ops()
     try:
+        # With an Idempotency-Key, the key lands with the comment or neither does (ctx.table).
         await ctx.counted("comment", ctx.table.transact(ops))
     except TransactionCancelled as error:
-        attempt = idempotency.current()
-        if attempt is not None and attempt.lost(error):
-            raise idempotency.Superseded(
-                "another attempt with the same Idempotency-Key took this one over"
-            ) from error
         raise not_found("content") from error
     ctx.loaders.written([before], [count])
     await notifications.announce(broker_of(ctx), notes)
