@@ -105,6 +105,9 @@ async def _answers(what: str, probe: Awaitable[object]) -> str:
     return reason
 
 
+SQLITE_SWEEP_SECONDS = 3600.0
+
+
 async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> Table:
     if settings.uses_dynamodb:
         from store.dynamodb import open_dynamo_table
@@ -116,6 +119,9 @@ async def _open_table(settings: Settings, stack: contextlib.AsyncExitStack) -> T
 
     table = SqliteTable(settings.sqlite_path)
     stack.push_async_callback(table.close)
+    # DynamoDB deletes expired items itself; SQLite is swept.
+    sweeping = asyncio.create_task(table.sweep_every(SQLITE_SWEEP_SECONDS))
+    stack.callback(sweeping.cancel)
     return table
 
 
@@ -370,6 +376,10 @@ def _serve(settings: Settings) -> None:
         # A WebSocket frame is bounded like a request body.
         ws_max_size=settings.max_body_bytes,
         timeout_graceful_shutdown=int(settings.shutdown_seconds),  # replaced at shutdown, see above
+        # X-Forwarded-For and -Proto are believed from MIFAMILIAS_TRUSTED_PROXIES
+        # only; uvicorn's own default would trust 127.0.0.1.
+        proxy_headers=bool(settings.trusted_proxies),
+        forwarded_allow_ips=list(settings.trusted_proxies),
     )
     GracefulServer(config).run()
 

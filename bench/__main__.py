@@ -24,8 +24,8 @@ from bench.common import FULL, QUICK, Row, Sizes, bench_settings, in_process_app
 from bench.processes import cpu_count
 
 HERE = Path(__file__).resolve().parent
-SECTIONS = (1, 2, 3, 4, 5, 6, 7, 8)
-NAMED = {"observability": 7, "scaleout": 8}
+SECTIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+NAMED = {"observability": 7, "scaleout": 8, "push": 10}
 
 
 async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[list[Row], str]:
@@ -41,7 +41,17 @@ async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[
 
 
 def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: bool = True) -> list[Row]:
-    from bench import fanout, http, observability, robustness, round_trips, scaleout, unlock
+    from bench import (
+        fanout,
+        http,
+        media_probe,
+        observability,
+        push,
+        robustness,
+        round_trips,
+        scaleout,
+        unlock,
+    )
 
     def say(text: str) -> None:
         if log:
@@ -74,6 +84,12 @@ def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: b
     if 8 in only:
         say("section 8 (scale-out)")
         rows += scaleout.run(sizes, tmp)
+    if 9 in only:
+        say("section 9 (media probe)")
+        rows += media_probe.run(sizes.probe_rounds, sizes.probes_per_round)
+    if 10 in only:
+        say("section 10 (Web Push)")
+        rows += asyncio.run(push.run(sizes, tmp))
     return rows
 
 

@@ -54,6 +54,10 @@ class Sizes:
     scaleout_capsules: int = 39
     scaleout_rounds: int = 5
     scaleout_processes: int = 3
+    probe_rounds: int = 5
+    probes_per_round: int = 10
+    push_devices: int = 1000
+    push_rounds: int = 3
 
 
 FULL = Sizes()
@@ -75,6 +79,10 @@ QUICK = Sizes(
     scaleout_members=120,
     scaleout_capsules=13,
     scaleout_rounds=2,
+    probe_rounds=2,
+    probes_per_round=5,
+    push_devices=200,
+    push_rounds=2,
 )
 TINY = Sizes(
     exec_rounds=1,
@@ -95,6 +103,10 @@ TINY = Sizes(
     scaleout_capsules=3,
     scaleout_rounds=1,
     scaleout_processes=2,
+    probe_rounds=1,
+    probes_per_round=1,
+    push_devices=5,
+    push_rounds=1,
 )
 
 
@@ -148,7 +160,13 @@ def token(user_id: str, **claims: Any) -> str:
 
 
 def bench_settings(data_dir: Path, **changes: Any) -> Settings:
-    values: dict[str, Any] = {"data_dir": data_dir, "auth_secret": SECRET, "unlock_poll_seconds": 3600}
+    values: dict[str, Any] = {
+        "data_dir": data_dir,
+        "auth_secret": SECRET,
+        "unlock_poll_seconds": 3600,
+        # The typical calls register push devices there (tests/typical_calls.py).
+        "push_allowed_origins": ("http://127.0.0.1:9",),
+    }
     values.update(changes)
     return Settings(**values)
 
@@ -160,6 +178,10 @@ def server_env(data_dir: Path, **extra: str) -> dict[str, str]:
         "MIFAMILIAS_DATA_DIR": str(data_dir),
         "MIFAMILIAS_AUTH_SECRET": SECRET,
         "MIFAMILIAS_UNLOCK_POLL_SECONDS": "3600",
+        # The fan-out scenarios subscribe thousands of times as a few people:
+        # they measure delivery, not the per-person bound (section 6 does).
+        "MIFAMILIAS_MAX_SUBSCRIPTIONS_PER_PERSON": "1000000",
+        "MIFAMILIAS_MAX_SUBSCRIPTIONS_PER_CONNECTION": "1000",
         "PYTHONPATH": str(ROOT),
     }
     for name in ("MIFAMILIAS_REDIS_URL", "MIFAMILIAS_DYNAMODB_ENDPOINT", "MIFAMILIAS_AWS_REGION"):

@@ -2,7 +2,11 @@
 while the server takes, one at a time: (a) the amplification query sent over and
 over, (b) a 9400×9400 PNG going through the pipeline, (c) 30 MB request bodies,
 (d) one status change delivered to many `contentStatusChanged` subscriptions,
-(e) 60 subscribers that stop reading beside 30 that read.
+(e) 60 subscribers that stop reading beside 30 that read, (f) the cost-bypass
+forms (a size sent as `100.0`, or a declared default) from 4 clients, (g) 20
+heavy subscriptions of one person (the per-person default bound, with a cost
+budget) while another person comments, (h) 4 clients sending the most expensive
+query the cost limit admits, on a feed of 100.
 The baseline is the same prober against the idle server, in the same run. For
 (b), the server's memory (its own, and with its child processes) during and after."""
 
@@ -25,11 +29,13 @@ import httpx
 from bench.common import ROOT, Row, Sizes, server_env, token, verdict
 from bench.fanout import Clients
 from bench.processes import LOAD_CPU, graphql_server, pinned
-from tests.api.test_limits import amplification
+from tests.api.test_limits import amplification, bypass
 
 SECTION = "6. Robustness"
 P99_TARGET_MS = 100.0
 RSS_TARGET_MB = 300.0
+BUDGET = 20_000
+HEAVY_SUBSCRIPTIONS = 20
 
 
 class Probe:
@@ -163,7 +169,9 @@ def repeatedly(seconds: float, threads: int, send: Callable[[httpx.Client], None
 def run(sizes: Sizes, log_dir: Path) -> list[Row]:
     data_dir = log_dir / "robustness"
     data_dir.mkdir(parents=True, exist_ok=True)
-    env = server_env(data_dir, MIFAMILIAS_PIPELINE_WORKERS="2")
+    # (g) holds 20 subscriptions as one person, as the default bound allows, and
+    # pays each event from a budget; (d) holds thousands as one person.
+    env = server_env(data_dir, MIFAMILIAS_PIPELINE_WORKERS="2", MIFAMILIAS_COST_BUDGET=str(BUDGET))
     seconds = sizes.robust_seconds
     results: dict[str, tuple[list[float], int, str]] = {}
     memory: dict[str, float] = {}
@@ -245,6 +253,89 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
             )
 
         measure("(c) 30 MB bodies", bodies)
+
+        forms = [
+            (bypass("$n: Int"), {"id": family_id, "n": 100.0}),
+            (bypass("$n: Int = 100"), {"id": family_id}),
+        ]
+
+        def bypasses() -> str:
+            def send(client: httpx.Client) -> None:
+                query, variables = forms[int(time.monotonic() * 10) % 2]
+                answer = client.post(
+                    f"{base}/graphql",
+                    json={"query": query, "variables": variables},
+                    headers={"Authorization": f"Bearer {token('cy')}"},
+                ).json()
+                refused.append("cost" in (answer.get("errors") or [{}])[0].get("extensions", {}))
+
+            refused: list[bool] = []
+            sent = repeatedly(seconds, 4, send)
+            return (
+                f"{sent} queries from 4 threads (float and default forms), "
+                f"{sum(refused)} refused by the cost limit"
+            )
+
+        gql(base, "cy", "mutation($c: String!) { joinFamily(inviteCode: $c) { role } }", {"c": invite})
+        measure("(f) the cost-bypass forms, 4 clients", bypasses)
+
+        # A feed of 100 for (g) and (h): half from each member (the upload limit is per person).
+        for n in range(100):
+            upload(base, "ana" if n % 2 else "ben", family_id, "TEXT", f"nota {n}".encode(), "text/plain")
+        note_id = upload(base, "ana", family_id, "TEXT", b"de ana", "text/plain")
+
+        # (g): about 4,500 points an event: 15 aliased feeds of 100 with authors.
+        feeds = " ".join(
+            f"f{n}: feed(first: 100) {{ edges {{ node {{ id title author {{ givenName }} }} }} }}"
+            for n in range(15)
+        )
+        heavy = f"subscription {{ notificationAdded {{ id family {{ {feeds} }} }} }}"
+        heavy_clients = Clients(server.ws_url, [token("ana")] * HEAVY_SUBSCRIPTIONS, 1, heavy)
+
+        def comments() -> str:
+            sent = failed = 0
+            for n in range(10):
+                try:
+                    gql(
+                        base,
+                        "ben",
+                        "mutation($c: ID!, $b: String!) { addComment(contentId: $c, body: $b) { id } }",
+                        {"c": note_id, "b": f"comentario {n}"},
+                    )
+                    sent += 1
+                except RuntimeError:  # stopped at its deadline: said in the row
+                    failed += 1
+            time.sleep(seconds)
+            return (
+                f"{HEAVY_SUBSCRIPTIONS} subscriptions of ~4,500 points an event (one person), "
+                f"{sent} comments by another ({failed} stopped at the deadline); "
+                f"budget {BUDGET} points a minute; "
+                f"{heavy_clients.count()} events delivered"
+            )
+
+        try:
+            heavy_clients.wait_ready()
+            measure(f"(g) {HEAVY_SUBSCRIPTIONS} heavy subscriptions while another comments", comments)
+        finally:
+            heavy_clients.stop()
+
+        # (h): 24 aliased feeds of 100 ids and titles: 4,825, under the limit of 5,000.
+        admitted = " ".join(
+            f"f{n}: feed(first: 100) {{ edges {{ node {{ id title }} }} }}" for n in range(24)
+        )
+        most = f"query($id: ID!) {{ family(id: $id) {{ {admitted} }} }}"
+
+        def expensive() -> str:
+            def send(client: httpx.Client) -> None:
+                client.post(
+                    f"{base}/graphql",
+                    json={"query": most, "variables": {"id": family_id}},
+                    headers={"Authorization": f"Bearer {token('cy')}"},
+                )
+
+            return f"{repeatedly(seconds, 4, send)} queries of cost 4,825 from 4 threads"
+
+        measure("(h) the most expensive admitted query, 4 clients", expensive)
 
         content_id = upload(base, "ana", family_id, "TEXT", b"hola", "text/plain")
         deadline = time.monotonic() + 60

@@ -67,7 +67,9 @@ async def client(
             stamp = time.time()
             message = json.loads(raw)
             if message["type"] == "next":
-                received.append((stamp, label(message["payload"]["data"])))
+                data = message["payload"].get("data")
+                # A refusal (the budget spent) is an event too, with errors and no data.
+                received.append((stamp, label(data) if data else "REFUSED"))
             elif message["type"] == "ping":
                 await ws.send('{"type":"pong"}')
             elif message["type"] in ("error", "complete"):

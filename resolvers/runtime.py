@@ -12,8 +12,11 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from resolvers.adapters import webpush
 from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
-from resolvers.adapters.transcribe import Transcriber
+from resolvers.adapters.sns import SnsPush
+from resolvers.adapters.transcribe import Transcriber, TranscriptionError
+from resolvers.adapters.webpush import WebPushSender
 from resolvers.core import workdirs
 from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
@@ -29,6 +32,7 @@ from resolvers.processes.exports import ExportBuilder
 from resolvers.processes.live import EventReads
 from resolvers.processes.mailer import Mailer
 from resolvers.processes.pipeline import Pipeline
+from resolvers.processes.pusher import Pusher, PushQueue
 from resolvers.processes.scheduler import UnlockScheduler
 from resolvers.services import Services
 from store.blobs import BlobStore, LocalBlobStore
@@ -88,17 +92,41 @@ async def _cancel(tasks: list[asyncio.Task[None]]) -> None:
             await task
 
 
-async def _open_transcriber(settings: Settings, stack: contextlib.AsyncExitStack) -> Transcriber | None:
-    if settings.transcriber != "aws":
+async def _open_transcriber(
+    settings: Settings, stack: contextlib.AsyncExitStack, blobs: BlobStore
+) -> Transcriber | None:
+    if settings.transcriber == "none":
         return None
-    from resolvers.adapters.transcribe import open_aws_transcriber
+    if settings.transcriber == "aws":
+        from resolvers.adapters.transcribe import open_aws_transcriber
 
-    if not settings.s3_bucket:
-        raise RuntimeError("MIFAMILIAS_TRANSCRIBER=aws needs MIFAMILIAS_S3_BUCKET")
-    transcriber: Transcriber = await stack.enter_async_context(
-        open_aws_transcriber(settings.s3_bucket, settings.s3_endpoint, settings.region)
+        if not settings.s3_bucket:
+            raise RuntimeError("MIFAMILIAS_TRANSCRIBER=aws needs MIFAMILIAS_S3_BUCKET")
+        aws: Transcriber = await stack.enter_async_context(
+            open_aws_transcriber(settings.s3_bucket, settings.s3_endpoint, settings.region)
+        )
+        return aws
+    from resolvers.adapters.whisper import open_local_transcriber
+
+    local = await stack.enter_async_context(
+        open_local_transcriber(
+            blobs,
+            cache_dir=settings.resolved_cache_dir / "models",
+            model_dir=settings.whisper_model,
+            language=settings.transcribe_language,
+            workers=settings.pipeline_workers,
+        )
     )
-    return transcriber
+    try:
+        local.check_model()
+    except TranscriptionError as error:
+        # Not fatal: content waits for a background install, or becomes READY without a
+        # transcript and with the reason.
+        if local.installing():
+            log.info("transcription: %s yet; it is being installed, content waits for it", error)
+        else:
+            log.warning("transcription: %s; content will be READY without a transcript", error)
+    return local
 
 
 def local_blob_store(settings: Settings) -> LocalBlobStore:
@@ -158,6 +186,26 @@ def _trusted_documents(settings: Settings) -> TrustedDocuments | None:
     return trusted
 
 
+async def _open_push(
+    settings: Settings, stack: contextlib.AsyncExitStack
+) -> tuple[WebPushSender, SnsPush | None]:
+    """Web Push always (its VAPID key generated on first use); native push when
+    an SNS platform application is named."""
+    vapid = webpush.load_vapid(settings.data_dir, settings.vapid_private_key)
+    web = WebPushSender(
+        vapid, settings.vapid_subject, settings.push_allowed_origins, timeout=settings.push_timeout_seconds
+    )
+    stack.push_async_callback(web.close)
+    native: SnsPush | None = None
+    if settings.sns_apns_arn or settings.sns_fcm_arn:
+        from resolvers.adapters.sns import open_sns
+
+        native = await stack.enter_async_context(
+            open_sns(settings.sns_apns_arn, settings.sns_fcm_arn, settings.sns_endpoint, settings.region)
+        )
+    return web, native
+
+
 async def compose(
     settings: Settings,
     table: Table,
@@ -182,7 +230,7 @@ async def compose(
         )
         stack.push_async_callback(broker.close)
     blobs = await _open_blobs(settings, stack, local_blobs)
-    transcriber = await _open_transcriber(settings, stack)
+    transcriber = await _open_transcriber(settings, stack, blobs)
     pipeline = Pipeline(
         table=table,
         blobs=blobs,
@@ -200,12 +248,29 @@ async def compose(
         table=table, clock=clock, lease=timedelta(seconds=settings.pipeline_lease_seconds)
     )
     stack.push_async_callback(accounts.stop)
+    rates = RateLimiter(
+        table,
+        parse_limits(settings.rate_limits),
+        cost_budget=settings.cost_budget,
+        streams_per_person=settings.max_subscriptions_per_person,
+    )
+    stack.push_async_callback(rates.streams.stop)
+    web_push, native_push = await _open_push(settings, stack)
+    pusher = PushQueue(
+        Pusher(table=table, settings=settings, clock=clock, web=web_push, native=native_push),
+        table=table,
+        broker=broker,
+        clock=clock,
+        lease=timedelta(seconds=settings.push_lease_seconds),
+        workers=settings.push_workers,
+    )
+    stack.push_async_callback(pusher.stop)
     return Services(
         settings=settings,
         table=table,
         verifier=_verifier(settings),
         cursors=CursorSigner(settings.resolved_auth_secret()),
-        rates=RateLimiter(table, parse_limits(settings.rate_limits)),
+        rates=rates,
         broker=broker,
         blobs=blobs,
         pipeline=pipeline,
@@ -218,6 +283,9 @@ async def compose(
         accounts=accounts,
         transcriber=transcriber,
         mailer=Mailer(table=table, settings=settings, clock=clock) if settings.smtp_url else None,
+        web_push=web_push,
+        native_push=native_push,
+        pusher=pusher,
         clock=clock,
         metrics=metrics,
         tracer=tracer,
@@ -275,6 +343,13 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
             )
         ),
     ]
+    if services.pusher is not None:
+        await services.pusher.start()
+        tasks.append(
+            asyncio.create_task(
+                every(settings.push_recovery_seconds, "push recovery", services.pusher.recover, tracer)
+            )
+        )
     if services.mailer is not None:
         tasks.append(
             asyncio.create_task(every(settings.mail_poll_seconds, "mailer", services.mailer.run_once, tracer))

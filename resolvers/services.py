@@ -14,7 +14,9 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from resolvers.adapters.broker import Broker
+from resolvers.adapters.sns import SnsPush
 from resolvers.adapters.transcribe import Transcriber
+from resolvers.adapters.webpush import WebPushSender
 from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
 from resolvers.core.context import KnownUsers, utc_now
@@ -27,6 +29,7 @@ from resolvers.processes.exports import ExportBuilder
 from resolvers.processes.live import EventReads
 from resolvers.processes.mailer import Mailer
 from resolvers.processes.pipeline import Pipeline
+from resolvers.processes.pusher import PushQueue
 from resolvers.processes.scheduler import UnlockScheduler
 from store import items
 from store.blobs import BlobStore
@@ -57,6 +60,10 @@ class Services:
     transcriber: Transcriber | None = None
     # Only when MIFAMILIAS_SMTP_URL is set: without it nothing sends mail.
     mailer: Mailer | None = None
+    # Web Push, on by default; native push when an SNS platform application is set.
+    web_push: WebPushSender | None = None
+    native_push: SnsPush | None = None
+    pusher: PushQueue | None = None
     clock: Callable[[], datetime] = utc_now
     known_users: KnownUsers = field(default_factory=KnownUsers)
     metrics: Metrics = field(default_factory=Metrics.disabled)

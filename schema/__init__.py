@@ -16,30 +16,28 @@ from strawberry.extensions import (
     MaxTokensLimiter,
     QueryDepthLimiter,
     SchemaExtension,
-    ValidationCache,
 )
 from strawberry.types import ExecutionResult
 
 from resolvers.core import idempotency, logs
 from resolvers.core.context import Context
 from resolvers.core.errors import ApiError, unavailable
+from schema.caching import CachePolicy
 from schema.cost import QueryCost
-from schema.errors import CodedParserCache, ContractErrors
-from schema.guard import ReadGuard, SignedIn
-from schema.multiplex import MultiplexingExecutionContext
+from schema.deadline import DeadlinePassed, StoppingExecutionContext, running_within
+from schema.documents import DocumentCache
+from schema.errors import ContractErrors
+from schema.guard import SignedIn
 from schema.mutation import Mutation
 from schema.observability import OperationLog, OperationMetrics, Tracing
 from schema.persisted import IntrospectionGate, RegisterPersisted
 from schema.query import Query
+from schema.resolving import call_directly
 from schema.subscription import Subscription
 
 MAX_DEPTH = 12
 MAX_ALIASES = 30
 MAX_TOKENS = 5000
-# Bounded LRU caches of parsed and validated documents, keyed by the query text
-# (and the parse options, the document and the validation rules): clients send a
-# few fixed documents; unique texts only evict. bench/ section 1 and 2 measure it.
-DOCUMENT_CACHE = 256
 
 
 class FreshLoaders(SchemaExtension):
@@ -127,12 +125,13 @@ async def _within(
 
     async with aclosing(results):
         try:
-            async with asyncio.timeout(deadline):
-                if writes:
-                    collected = [await _once(context, request, deadline, lambda: _single(collect()))]
-                else:
-                    collected = await collect()
-        except TimeoutError:
+            with running_within(deadline):
+                async with asyncio.timeout(deadline):
+                    if writes:
+                        collected = [await _once(context, request, deadline, lambda: _single(collect()))]
+                    else:
+                        collected = await collect()
+        except (TimeoutError, DeadlinePassed):
             collected = [_stopped(deadline, context, writes=writes)]
     for result in collected:
         yield result
@@ -198,7 +197,8 @@ async def _once(
 class MiFamiliasSchema(strawberry.Schema):
     """Queries and mutations run within the operation deadline
     (`MIFAMILIAS_OPERATION_DEADLINE_SECONDS`) on every transport; past it, one
-    is stopped and answered with a clear error. Writes are conditional or
+    is stopped and answered with a clear error, and its fields stop running
+    (`schema.deadline`). Writes are conditional or
     transactional, so one stopped between two writes leaves each write whole.
     A subscription's life has no deadline (the cost limit bounds each event)."""
 
@@ -211,17 +211,18 @@ class MiFamiliasSchema(strawberry.Schema):
         writes = _writes(query, kwargs.get("operation_name"))
         request = (query, kwargs.get("operation_name"), kwargs.get("variable_values"))
         try:
-            async with asyncio.timeout(deadline):
-                if writes:
-                    result: ExecutionResult = await _once(
-                        context,
-                        request,
-                        deadline,
-                        lambda: super(MiFamiliasSchema, self).execute(query, *args, **kwargs),
-                    )
-                    return result
-                return await super().execute(query, *args, **kwargs)
-        except TimeoutError:
+            with running_within(deadline):
+                async with asyncio.timeout(deadline):
+                    if writes:
+                        result: ExecutionResult = await _once(
+                            context,
+                            request,
+                            deadline,
+                            lambda: super(MiFamiliasSchema, self).execute(query, *args, **kwargs),
+                        )
+                        return result
+                    return await super().execute(query, *args, **kwargs)
+        except (TimeoutError, DeadlinePassed):
             return _stopped(deadline, context, writes=writes)
 
     async def stream(self, query: str | None, *args: Any, **kwargs: Any) -> Any:
@@ -248,31 +249,34 @@ def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.S
     observe: list[Any] = [OperationMetrics if metrics else OperationLog]
     if tracing:
         observe.append(Tracing)
-    return MiFamiliasSchema(
+    built = MiFamiliasSchema(
         query=Query,
         mutation=Mutation,
         subscription=Subscription,
-        # A subscription event's answer is executed once for the subscribers alike.
-        execution_context_class=MultiplexingExecutionContext,
+        # The read rule on every object that wraps a record (schema.guard); a
+        # subscription event's answer executed once for the subscribers alike
+        # (schema.multiplex); a query's fields stop at its deadline (schema.deadline).
+        execution_context_class=StoppingExecutionContext,
         extensions=[
             # First: they time the hooks of the others, and see the coded errors.
             *observe,
             ContractErrors,
+            CachePolicy,
             FreshLoaders,
             IntrospectionGate,
             SignedIn,
             QueryCost,
             # After every check that can refuse the operation before it runs.
             RegisterPersisted,
-            ReadGuard,
             # Instances are accepted at run time; the annotation only names classes.
             QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]
             MaxAliasesLimiter(max_alias_count=MAX_ALIASES),  # type: ignore[list-item]
             MaxTokensLimiter(max_token_count=MAX_TOKENS),  # type: ignore[list-item]
-            lambda: CodedParserCache(maxsize=DOCUMENT_CACHE),
-            lambda: ValidationCache(maxsize=DOCUMENT_CACHE),
+            DocumentCache,
         ],
     )
+    call_directly(built)  # graphql-core calls the resolvers Strawberry would only pass through
+    return built
 
 
 schema = build_schema()

@@ -7,6 +7,7 @@ import strawberry
 
 from resolvers.core.pagination import page_size
 from resolvers.domain import content as content_resolvers
+from resolvers.domain import search as search_resolvers
 from resolvers.domain import users
 from schema.common import Info, PageInfo, maybe_when, when
 from schema.enums import ContentStatus, ContentType
@@ -100,6 +101,26 @@ class Content:
     @strawberry.field
     def transcription(self) -> str | None:
         return self.item.transcription
+
+    @strawberry.field(
+        description="the language of the transcription (ISO 639-1), as detected; null without a transcription"
+    )
+    def transcript_language(self) -> str | None:
+        return self.item.transcript_language if self.item.transcription else None
+
+    @strawberry.field(
+        description="a short-lived signed URL of the transcription's captions (WebVTT, text/vtt), "
+        "with the times they were spoken; null until READY and without a transcription"
+    )
+    async def captions_url(self, info: Info) -> str | None:
+        return await content_resolvers.media_url(info.context, self.item, "captions")
+
+    @strawberry.field(
+        description="why the transcription failed, when the content is READY without one; "
+        "retryContent tries again"
+    )
+    def transcription_failure(self) -> str | None:
+        return self.item.transcription_failure
 
     @strawberry.field(description="why processing failed, when the status is FAILED")
     def failure_reason(self) -> str | None:
@@ -206,6 +227,21 @@ class Upload:
             parts=parts,
             received_parts=list(target.received_parts) if target.received_parts is not None else None,
         )
+
+
+async def search_connection(
+    info: Info, family_id: str, text: str, first: int | None, after: str | None
+) -> ContentConnection:
+    page, found = await search_resolvers.search_content(
+        info.context, family_id, text, page_size(first, 20), after
+    )
+    return ContentConnection(
+        edges=[
+            ContentEdge(cursor=cursor, node=Content(item=content))
+            for content, cursor in zip(found, page.cursors, strict=True)
+        ],
+        page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+    )
 
 
 async def feed_connection(

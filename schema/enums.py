@@ -137,3 +137,14 @@ class EmailPreference(Enum):
         store_enums.EmailPreference.WEEKLY.value,
         description="a digest of the families' new activity each week (from Monday, UTC), when there is some",
     )
+
+
+@strawberry.enum(description="Where a device receives pushes.")
+class PushPlatform(Enum):
+    WEB = strawberry.enum_value(store_enums.PushPlatform.WEB.value, description="a browser, by Web Push")
+    APNS = strawberry.enum_value(
+        store_enums.PushPlatform.APNS.value, description="an iOS app, by APNs through Amazon SNS"
+    )
+    FCM = strawberry.enum_value(
+        store_enums.PushPlatform.FCM.value, description="an Android app, by FCM through Amazon SNS"
+    )

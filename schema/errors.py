@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from graphql import GraphQLError
-from strawberry.extensions import ParserCache, SchemaExtension
+from strawberry.extensions import SchemaExtension
 from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 
 from resolvers.core.errors import ApiError, unavailable
@@ -73,19 +73,6 @@ def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
         f"Internal server error (request id {request_id})",
         {"code": "INTERNAL_SERVER_ERROR", "requestId": request_id},
     )
-
-
-class CodedParserCache(ParserCache):
-    """Strawberry's parser cache; a syntax error it raises leaves before the
-    operation has a result to relabel, so it gets its code here."""
-
-    def on_parse(self) -> Iterator[None]:
-        try:
-            yield from super().on_parse()
-        except GraphQLError as error:
-            if not (error.extensions or {}).get("code"):
-                error.extensions = {**(error.extensions or {}), "code": "BAD_USER_INPUT"}
-            raise
 
 
 class ContractErrors(SchemaExtension):

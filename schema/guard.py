@@ -1,19 +1,24 @@
-"""Where the read rule meets the schema: every operation and every field.
+"""Where the read rule meets the schema: every operation and every object.
 
 `SignedIn` refuses an operation without a valid, unexpired token before any
 resolver runs, so nothing touches the store and no answer tells an existing id
 from a missing one. Only introspection is open to everyone.
 
-`ReadGuard` runs before each field of an object that wraps a store record and
-asks `resolvers.domain.access.may_read` about that record. Resolvers already filter
-what they return; this is what makes a field added tomorrow, or a path that
-forgets, answer NOT_FOUND instead of leaking. A verdict is reached once per
-record per operation, so after the first field the check is a dict lookup.
+`GuardedExecutionContext` decides the read rule where a value becomes a GraphQL
+object: graphql-core completes every object value, whichever field returned
+it, in `complete_object_value`, before any field of that object runs. An object
+that wraps a store record (its `item`) is completed only when
+`resolvers.domain.access.may_read` allows the record; otherwise the field that
+returned it answers NOT_FOUND. Resolvers already filter what they return; this
+is what makes a field added tomorrow, or a path that forgets, answer NOT_FOUND
+instead of leaking, without a hook on every field: scalar fields stay on
+graphql-core's default resolver, and the check costs one attribute read per
+object (one dict lookup once the operation has a verdict for the record).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from graphql import (
@@ -28,6 +33,7 @@ from graphql import (
 from graphql import ExecutionResult as GraphQLExecutionResult
 from graphql.utilities import get_operation_ast
 from strawberry.extensions import SchemaExtension
+from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
 from strawberry.types.graphql import OperationType
 
 from resolvers.core.context import Context
@@ -88,31 +94,45 @@ class SignedIn(SchemaExtension):
         yield
 
 
-class ReadGuard(SchemaExtension):
-    def resolve(self, _next: Callable[..., Any], root: Any, info: Any, *args: Any, **kwargs: Any) -> Any:
-        record = getattr(root, "item", None)
-        if record is None or type(record) not in access.GUARDED:
-            return _next(root, info, *args, **kwargs)
-        context: Context = info.context
-        verdict = access.cached_verdict(context, record)
-        if verdict is True:
-            return _next(root, info, *args, **kwargs)
-        if verdict is False:
-            raise access.refusal(record)
-        return self._checked(_next, root, info, args, kwargs)
+class GuardedExecutionContext(StrawberryGraphQLCoreExecutionContext):
+    """Strawberry's execution context, with the read rule decided once per
+    object that wraps a record."""
 
-    async def _checked(
+    def complete_object_value(
         self,
-        _next: Callable[..., Any],
-        root: Any,
+        return_type: Any,
+        field_details_list: Any,
         info: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        path: Any,
+        result: Any,
+        position_context: Any,
     ) -> Any:
-        record = root.item
-        if not await access.may_read(info.context, record):
+        record = getattr(result, "item", None)
+        if record is not None and type(record) in access.GUARDED:
+            verdict = access.cached_verdict(self.context_value, record)
+            if verdict is None:
+                return self._complete_readable(
+                    record, return_type, field_details_list, info, path, result, position_context
+                )
+            if verdict is False:
+                raise access.refusal(record)
+        return super().complete_object_value(
+            return_type, field_details_list, info, path, result, position_context
+        )
+
+    async def _complete_readable(
+        self,
+        record: access.GuardedRecord,
+        return_type: Any,
+        field_details_list: Any,
+        info: Any,
+        path: Any,
+        result: Any,
+        position_context: Any,
+    ) -> Any:
+        if not await access.may_read(self.context_value, record):
             raise access.refusal(record)
-        result = _next(root, info, *args, **kwargs)
-        if isinstance(result, Awaitable):
-            return await result
-        return result
+        completed = super().complete_object_value(
+            return_type, field_details_list, info, path, result, position_context
+        )
+        return await completed if self.is_awaitable(completed) else completed

@@ -42,7 +42,8 @@ from graphql import (
     get_named_type,
     print_ast,
 )
-from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
+
+from schema.guard import GuardedExecutionContext
 
 # "Type.field": fields whose value depends on the record (and, through the read
 # guard, on the viewer's class of rights) alone.
@@ -194,8 +195,8 @@ def _copy_for(result: ExecutionResult, plan: Plan, event_id: str | None) -> Exec
     return ExecutionResult(data={**data, plan.root: event}, errors=result.errors)
 
 
-class MultiplexingExecutionContext(StrawberryGraphQLCoreExecutionContext):
-    """Strawberry's execution context, which shares a subscription event's
+class MultiplexingExecutionContext(GuardedExecutionContext):
+    """The guarded execution context, which shares a subscription event's
     execution between the subscribers `SHARED` finds alike."""
 
     def execute_operation(self, serially: bool | None = None) -> Any:

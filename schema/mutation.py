@@ -5,15 +5,16 @@ from datetime import datetime
 import strawberry
 
 from resolvers.core.errors import BadInput
-from resolvers.domain import accounts, capsules, exports, families, notifications, users
+from resolvers.domain import accounts, capsules, exports, families, notifications, push, users
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import tags as tag_resolvers
 from schema.account import DataExport
 from schema.capsule import Capsule
 from schema.common import Info
 from schema.content import Comment, Content, Upload
-from schema.enums import ContentType, EmailPreference, FamilyRole, PostingPolicy, TrustLevel
+from schema.enums import ContentType, EmailPreference, FamilyRole, NotificationType, PostingPolicy, TrustLevel
 from schema.family import Family, FamilyMember, Invite
+from schema.push import PushDevice, RegisterPushDeviceInput
 from schema.tag import Tag
 from schema.user import User
 
@@ -25,6 +26,9 @@ class UpdateProfileInput:
     profile_image_url: str | None = None
     email_preference: EmailPreference | None = strawberry.field(
         default=None, description="what to receive by email, at the user's own email address"
+    )
+    push_types: list[NotificationType] | None = strawberry.field(
+        default=None, description="which kinds of notification are pushed to the user's devices"
     )
 
 
@@ -96,6 +100,7 @@ class Mutation:
                 family_name=input.family_name,
                 profile_image_url=input.profile_image_url,
                 email_preference=input.email_preference.name if input.email_preference else None,
+                push_types=[t.value for t in input.push_types] if input.push_types is not None else None,
             )
         )
 
@@ -208,7 +213,9 @@ class Mutation:
     async def complete_upload(self, info: Info, content_id: strawberry.ID) -> Content:
         return Content(item=await content_resolvers.complete_upload(info.context, str(content_id)))
 
-    @strawberry.mutation(description="FAILED -> PROCESSING")
+    @strawberry.mutation(
+        description="FAILED -> PROCESSING; READY whose transcription failed -> TRANSCRIBING (that step again)"
+    )
     async def retry_content(self, info: Info, content_id: strawberry.ID) -> Content:
         return Content(item=await content_resolvers.retry_content(info.context, str(content_id)))
 
@@ -274,6 +281,34 @@ class Mutation:
     )
     async def mark_notifications_read(self, info: Info, ids: list[strawberry.ID] | None = None) -> int:
         return await notifications.mark_read(info.context, None if ids is None else [str(i) for i in ids])
+
+    @strawberry.mutation(
+        description="a browser's Web Push subscription (WEB: endpoint, p256dh, auth) or an app's "
+        "device token (APNS, FCM: token); the same endpoint or token again updates its device. At "
+        "most 20 devices a person: a 21st takes the place of the one registered or refreshed "
+        "longest ago"
+    )
+    async def register_push_device(self, info: Info, input: RegisterPushDeviceInput) -> PushDevice:
+        given = push.DeviceInput(
+            platform=str(input.platform.value),
+            endpoint=input.endpoint,
+            p256dh=input.p256dh,
+            auth=input.auth,
+            token=input.token,
+            name=input.name,
+        )
+        return PushDevice(item=await push.register(info.context, given))
+
+    @strawberry.mutation(description="false when the id names no device of the viewer's")
+    async def unregister_push_device(self, info: Info, id: strawberry.ID) -> bool:
+        return await push.unregister(info.context, str(id))
+
+    @strawberry.mutation(
+        description="nothing of the family is pushed to the viewer until `until`; null (or a past "
+        "moment) unmutes. Notifications are still written and listed"
+    )
+    async def mute_family(self, info: Info, family_id: strawberry.ID, until: datetime | None = None) -> bool:
+        return await push.mute_family(info.context, str(family_id), until)
 
     @strawberry.mutation(
         description="replaces the viewer's tags on one content (at most 10 values); "

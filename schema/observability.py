@@ -125,7 +125,9 @@ def operation_type(execution_context: ExecutionContext) -> str:
 def operation_label(execution_context: ExecutionContext, metrics: Metrics) -> str:
     """The operation's name as a bounded label: the name of the operation the
     document holds ("anonymous" without one), "other" for a name the document
-    does not hold or past the cap."""
+    does not hold or past the cap. Only an operation run signed in, or one of
+    the trusted documents, gives a name its place: anonymous requests cannot
+    fill the labels."""
     name = execution_context.operation_name
     document = execution_context.graphql_document
     if not name:
@@ -135,7 +137,12 @@ def operation_label(execution_context: ExecutionContext, metrics: Metrics) -> st
         for node in document.definitions
     ):
         return OTHER
-    return metrics.operation_label(name)
+    context = execution_context.context
+    may_add = True
+    if isinstance(context, Context) and context.signed_in_error() is not None:
+        trusted = context.services.persisted.trusted
+        may_add = trusted is not None and trusted.lists(execution_context.query or "")
+    return metrics.operation_label(name, may_add=may_add)
 
 
 class OperationLog(SchemaExtension):

@@ -52,7 +52,8 @@ class RegisterPersisted(SchemaExtension):
             query = execution_context.query or ""
             sha256 = context.documents_to_register.pop(query, None)
             if sha256 is not None and execution_context.result is None and context.signed_in_error() is None:
-                await context.services.persisted.register(sha256, query)
+                by = (context.services.rates, f"user:{await context.viewer_id()}")
+                await context.services.persisted.register(sha256, query, by)
         yield
 
 
@@ -107,7 +108,7 @@ def _problems(entry: ManifestEntry, max_cost: int) -> list[str]:
     for definition in document.definitions:
         if isinstance(definition, OperationDefinitionNode):
             name = definition.name.value if definition.name else None
-            cost = estimate_cost(graphql_schema, document, name, {})
+            cost = estimate_cost(graphql_schema, document, name, None)
             if cost > max_cost:
                 found.append(
                     f"operation {name or '(anonymous)'} could cost {cost}, over the limit of {max_cost}"

@@ -1,19 +1,32 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import strawberry
 
 from resolvers.core.pagination import page_size
-from resolvers.domain import capsules, exports, families, users
+from resolvers.domain import capsules, exports, families, push, users
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import tags as tag_resolvers
 from schema.account import DataExport
 from schema.capsule import Capsule, CapsuleConnection, capsule_connection
 from schema.common import Info
-from schema.content import Content
+from schema.content import Content, ContentConnection, search_connection
+from schema.cost import charged
 from schema.family import Family, FamilyMember
 from schema.notification import NotificationConnection, NotificationPage
+from schema.push import PushDevice
 from schema.tag import TagConnection, TagStatus, tag_connection
 from schema.user import User
+
+
+@strawberry.type(description="a person's cost budget, GitHub's model: points per minute")
+class RateLimit:
+    limit: int = strawberry.field(description="points a minute")
+    cost: int = strawberry.field(description="what this operation cost")
+    used: int = strawberry.field(description="points spent this minute, this operation's included")
+    remaining: int
+    reset_at: datetime = strawberry.field(description="when the minute's points come back")
 
 
 @strawberry.type
@@ -59,6 +72,17 @@ class Query:
     ) -> CapsuleConnection:
         return capsule_connection(await capsules.received_capsules(info.context, page_size(first, 20), after))
 
+    @strawberry.field(description="the viewer's devices that receive pushes, oldest first")
+    async def my_push_devices(self, info: Info) -> list[PushDevice]:
+        return [PushDevice(item=device) for device in await push.my_devices(info.context)]
+
+    @strawberry.field(
+        description="the server's VAPID public key (base64url), the applicationServerKey for "
+        "pushManager.subscribe; null when Web Push is off"
+    )
+    async def web_push_public_key(self, info: Info) -> str | None:
+        return await push.web_push_public_key(info.context)
+
     @strawberry.field
     async def notifications(
         self, info: Info, first: int | None = 20, after: str | None = None, unread_only: bool | None = False
@@ -84,6 +108,21 @@ class Query:
         )
         return tag_connection(page)
 
+    @strawberry.field(
+        description="the family's content whose title or transcription has, for each word of text, "
+        "a word that begins with it (case and accents do not matter); sealed capsule content is "
+        "found by its author alone"
+    )
+    async def search_content(
+        self,
+        info: Info,
+        family_id: strawberry.ID,
+        text: str,
+        first: int | None = 20,
+        after: str | None = None,
+    ) -> ContentConnection:
+        return await search_connection(info, str(family_id), text, first, after)
+
     @strawberry.field(description="the viewer's own tags whose value starts with prefix")
     async def my_tags(
         self, info: Info, prefix: str = "", first: int | None = 20, after: str | None = None
@@ -100,3 +139,16 @@ class Query:
     )
     async def data_export(self, info: Info, id: strawberry.ID) -> DataExport | None:
         return DataExport(item=await exports.load_export(info.context, str(id)))
+
+    @strawberry.field(description="the viewer's cost budget after this operation; null without a budget")
+    def rate_limit(self) -> RateLimit | None:
+        state = charged.get()
+        if state is None:
+            return None
+        return RateLimit(
+            limit=state.limit,
+            cost=state.cost,
+            used=state.used,
+            remaining=state.remaining,
+            reset_at=datetime.fromtimestamp(state.reset_at, UTC),
+        )

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import strawberry
 
@@ -8,7 +8,12 @@ from resolvers.processes import live
 from schema.capsule import Capsule, CapsuleUnlockedEvent
 from schema.common import Info, when
 from schema.content import Content
+from schema.cost import event_cost
 from schema.notification import Notification
+
+# Each resolver holds one of the viewer's subscription slots before anything is
+# subscribed (a refusal is the operation's first answer: an `error` message on
+# graphql-transport-ws), and charges every event it delivers at its cost.
 
 
 @strawberry.type
@@ -20,14 +25,20 @@ class Subscription:
     async def capsule_unlocked(
         self, info: Info, after: strawberry.ID | None = None
     ) -> AsyncGenerator[CapsuleUnlockedEvent, None]:
-        stream = live.capsules_unlocked(info.context, str(after) if after is not None else None)
-        async for capsule, unlocked_at, event_id, share in stream:
-            yield CapsuleUnlockedEvent(
-                id=strawberry.ID(event_id),
-                capsule=Capsule(item=capsule),
-                unlocked_at=when(unlocked_at),
-                share=share,
-            )
+        cost = event_cost(info)
+        most = live.replay_bound(cost, info.context.services.settings.max_query_cost)
+
+        async def events() -> AsyncIterator[CapsuleUnlockedEvent]:
+            stream = live.capsules_unlocked(info.context, str(after) if after is not None else None, most)
+            async for capsule, unlocked_at, event_id, share in stream:
+                yield CapsuleUnlockedEvent(
+                    id=strawberry.ID(event_id),
+                    capsule=Capsule(item=capsule),
+                    unlocked_at=when(unlocked_at),
+                    share=share,
+                )
+
+        return await live.held(info.context, events, cost)  # type: ignore[return-value]
 
     @strawberry.subscription(
         description="every notification addressed to the viewer, as it is created; with `after` "
@@ -36,9 +47,15 @@ class Subscription:
     async def notification_added(
         self, info: Info, after: strawberry.ID | None = None
     ) -> AsyncGenerator[Notification, None]:
-        stream = live.notifications_added(info.context, str(after) if after is not None else None)
-        async for note in stream:
-            yield Notification(item=note)
+        cost = event_cost(info)
+        most = live.replay_bound(cost, info.context.services.settings.max_query_cost)
+
+        async def events() -> AsyncIterator[Notification]:
+            stream = live.notifications_added(info.context, str(after) if after is not None else None, most)
+            async for note in stream:
+                yield Notification(item=note)
+
+        return await live.held(info.context, events, cost)  # type: ignore[return-value]
 
     @strawberry.subscription(
         description="status changes of one content the viewer may read; the first event is its status now"
@@ -46,5 +63,8 @@ class Subscription:
     async def content_status_changed(
         self, info: Info, content_id: strawberry.ID
     ) -> AsyncGenerator[Content, None]:
-        async for content, share in live.content_status(info.context, str(content_id)):
-            yield Content(item=content, share=share)
+        async def events() -> AsyncIterator[Content]:
+            async for content, share in live.content_status(info.context, str(content_id)):
+                yield Content(item=content, share=share)
+
+        return await live.held(info.context, events, event_cost(info))  # type: ignore[return-value]

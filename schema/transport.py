@@ -19,6 +19,12 @@ our refusals and our limits.
   anything else sees it, over POST, GET and both WebSocket protocols; a
   refusal is a GraphQL error with its code (PERSISTED_QUERY_NOT_FOUND with
   HTTP 200, as Apollo answers it, so clients send the query again).
+- GraphQL over HTTP (the GraphQL foundation's spec, audited by graphql-http):
+  a client that accepts `application/graphql-response+json` (by its `Accept`,
+  q-values honoured) is answered with it, and a request error (the document
+  does not parse or validate, the variables do not coerce, or a check refuses
+  the operation before it runs) is then 4xx with no `data`. A client accepting
+  `application/json` alone (or sending no `Accept`) keeps the legacy answer: 200.
 - The view knows its open sockets: when the server shuts down, `going_away`
   closes them with 1001 "going away", so clients reconnect to another process.
 """
@@ -69,6 +75,48 @@ def error_body(message: str, code: str = "BAD_USER_INPUT", **extensions: Any) ->
     return {"data": None, "errors": [{"message": message, "extensions": {"code": code, **extensions}}]}
 
 
+JSON = "application/json"
+GRAPHQL_RESPONSE = "application/graphql-response+json"
+_MEDIA_TYPES = {GRAPHQL_RESPONSE: GRAPHQL_RESPONSE, JSON: JSON, "application/*": JSON, "*/*": JSON}
+
+
+def response_media_type(accept: str | None) -> str:
+    """The media type a GraphQL-over-HTTP answer takes: the one the `Accept`
+    header prefers (highest q, then first listed) of the two the spec names;
+    `application/json` without a header, or when it names neither (GraphiQL
+    and the streaming transports are chosen before this)."""
+    best, best_q = JSON, -1.0
+    for entry in (accept or "").split(","):
+        name, *parameters = entry.split(";")
+        media_type = _MEDIA_TYPES.get(name.strip().lower())
+        if media_type is None:
+            continue
+        q = 1.0
+        for parameter in parameters:
+            key, _, value = parameter.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if q > best_q and q > 0:
+            best, best_q = media_type, q
+    return best
+
+
+def is_request_error(result: Any) -> bool:
+    """Whether a result never reached execution: no data, and errors that name
+    no path (a field's error always names one, even when a non-null root field
+    failing leaves `data` null)."""
+    errors = result.errors
+    return result.data is None and bool(errors) and all(error.path is None for error in errors)
+
+
+def _request_error_status(errors: list[Any]) -> int:
+    codes = {(error.extensions or {}).get("code") for error in errors}
+    return 401 if codes == {"UNAUTHENTICATED"} else 400
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -104,6 +152,11 @@ async def persisted_query(
     persisted = context.services.persisted
     if persisted.trusted is None and query and not _hash_sent(extensions):
         return query  # the common case: no hashing, no lookup
+    refusal = context.signed_in_error()
+    if not query and _hash_sent(extensions) and refusal is not None:
+        # A hash alone reads the store: without a token it tells nothing, not
+        # even whether anyone has run that document.
+        raise refusal
     settings = context.services.settings
 
     def unlisted_allowed(text: str) -> bool:
@@ -256,6 +309,26 @@ class _Guarded:
         for operation_id in self._operation_ids():
             await self.cleanup_operation(operation_id)  # type: ignore[attr-defined]
 
+    def _running(self) -> int:
+        """The operations this connection carries now."""
+        raise NotImplementedError
+
+    async def _over_connection_limit(self, operation_id: str) -> bool:
+        """Whether the connection carries as many operations as it may
+        (`MIFAMILIAS_MAX_SUBSCRIPTIONS_PER_CONNECTION`); if so the new one is
+        refused with RATE_LIMITED and the socket stays open."""
+        limit = self.context.services.settings.max_subscriptions_per_connection
+        if self._running() < limit:
+            return False
+        message = (
+            f"this connection already carries {limit} operations, the most there may be; "
+            "end one before starting another"
+        )
+        await self._refuse_operation(
+            operation_id, {"message": message, "extensions": {"code": "RATE_LIMITED", "limit": limit}}
+        )
+        return True
+
     async def _persisted(self, message: Any) -> Any | None:
         """The subscribe (or start) message with the document it names in
         `payload.query`; None when it was refused (the refusal is sent)."""
@@ -341,8 +414,15 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
     def _operation_ids(self) -> list[str]:
         return list(self.operations)
 
+    def _running(self) -> int:
+        return len(self.operations)
+
     async def handle_subscribe(self, message: Any) -> None:
-        if not await self._expired() and (message := await self._persisted(message)) is not None:
+        if await self._expired() or (
+            self.connection_acknowledged and await self._over_connection_limit(message["id"])
+        ):
+            return
+        if (message := await self._persisted(message)) is not None:
             with _keyed(message):
                 await super().handle_subscribe(message)
 
@@ -402,8 +482,15 @@ class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
     def _operation_ids(self) -> list[str]:
         return list(self.tasks)
 
+    def _running(self) -> int:
+        return len(self.tasks)
+
     async def handle_start(self, message: Any) -> None:
-        if not await self._expired() and (message := await self._persisted(message)) is not None:
+        if await self._expired() or (
+            self.connection_acknowledged and await self._over_connection_limit(message["id"])
+        ):
+            return
+        if (message := await self._persisted(message)) is not None:
             with _keyed(message):
                 await super().handle_start(message)
 
@@ -504,21 +591,45 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
 
     async def _http(self, scope: Scope, receive: Receive) -> Response:
         limit = self.max_body_bytes
-        too_large = JSONResponse(
-            error_body(f"the request body is larger than {limit} bytes", maxBytes=limit), status_code=413
-        )
+        request = Request(scope, receive=limited(receive, limit))
+        media_type = request.state.media_type = response_media_type(request.headers.get("accept"))
+
+        def refused(body: dict[str, Any], status_code: int) -> Response:
+            if media_type == GRAPHQL_RESPONSE:
+                body.pop("data", None)  # a request error has no `data` entry in this media type
+            return JSONResponse(body, status_code=status_code)
+
+        def too_large() -> Response:
+            return refused(error_body(f"the request body is larger than {limit} bytes", maxBytes=limit), 413)
+
         declared = dict(scope.get("headers") or {}).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            return too_large
-        try:
-            response: Response = await self.run(Request(scope, receive=limited(receive, limit)))
-        except BodyTooLarge:
-            return too_large
-        except Refused as refusal:
-            return JSONResponse(refusal.body(), status_code=refusal.status_code)
-        except HTTPException as error:
-            return JSONResponse(error_body(error.reason), status_code=error.status_code)
+            response = too_large()
+        else:
+            try:
+                response = await self.run(request)
+            except BodyTooLarge:
+                response = too_large()
+            except Refused as refusal:
+                response = refused(refusal.body(), refusal.status_code)
+            except HTTPException as error:
+                response = refused(error_body(error.reason), error.status_code)
+        if media_type != JSON and response.media_type == JSON:
+            # Strawberry's answer and our refusals are JSON: the same bytes, under
+            # the media type asked for (a request error's status is set by
+            # process_result).
+            response.headers["content-type"] = media_type
+            status = getattr(request.state, "status", None)
+            if status is not None:
+                response.status_code = status
         return response
+
+    async def process_result(self, request: Any, result: Any) -> Any:
+        processed = await super().process_result(request, result)
+        if getattr(request.state, "media_type", JSON) == GRAPHQL_RESPONSE and is_request_error(result):
+            request.state.status = _request_error_status(result.errors)
+            processed.pop("data", None)
+        return processed
 
     async def parse_http_body(self, request: Any) -> Any:
         if request.method == "POST" and "application/json" in (request.content_type or ""):

@@ -6,7 +6,7 @@ import strawberry
 
 from resolvers.domain import users
 from schema.common import Info, when
-from schema.enums import EmailPreference
+from schema.enums import EmailPreference, NotificationType
 from store import items
 
 
@@ -46,3 +46,11 @@ class User:
     def email_preference(self, info: Info) -> EmailPreference | None:
         chosen = users.email_preference_for_viewer(info.context, self.item)
         return EmailPreference(chosen) if chosen is not None else None
+
+    @strawberry.field(
+        description="null unless the viewer is this user; which kinds of notification are pushed "
+        "to their devices"
+    )
+    def push_types(self, info: Info) -> list[NotificationType] | None:
+        chosen = users.push_types_for_viewer(info.context, self.item)
+        return [NotificationType(kind) for kind in chosen] if chosen is not None else None

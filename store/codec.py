@@ -68,14 +68,26 @@ class Record:
         return item
 
     @classmethod
+    def _stored_fields(cls) -> tuple[tuple[str, str, bool], ...]:
+        """(field, attribute, whether the field has no default) per stored field:
+        worked out once per class, since every read decodes items."""
+        found = cls.__dict__.get("_stored")
+        if found is None:
+            found = tuple(
+                (spec.name, cls.RENAMED.get(spec.name, attribute_name(spec.name)), spec.default is MISSING)
+                for spec in fields(cls)  # type: ignore[arg-type]
+                if spec.name not in cls.DERIVED
+            )
+            type.__setattr__(cls, "_stored", found)
+        return found
+
+    @classmethod
     def from_item(cls, item: Item) -> Self:
         values: dict[str, Any] = {}
-        for spec in fields(cls):  # type: ignore[arg-type]
-            if spec.name in cls.DERIVED:
-                continue
-            name = cls.RENAMED.get(spec.name, attribute_name(spec.name))
-            if name in item and (item[name] is not None or spec.default is MISSING):
-                value = item[name]
-                values[spec.name] = tuple(value) if isinstance(value, list) else value
+        for name, attribute, required in cls._stored_fields():
+            if attribute in item:
+                value = item[attribute]
+                if value is not None or required:
+                    values[name] = tuple(value) if isinstance(value, list) else value
         values.update(cls.derived_from(item))
         return cls(**values)

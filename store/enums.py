@@ -78,6 +78,24 @@ class NotificationType(StrEnum):
     CAPSULE_EMPTY = "CAPSULE_EMPTY"
 
 
+# What is pushed to a person's devices until they choose otherwise.
+DEFAULT_PUSH_TYPES = (
+    NotificationType.CAPSULE_UNLOCKED,
+    NotificationType.NEW_COMMENT,
+    NotificationType.NEW_CONTENT,
+    NotificationType.MEMBER_PENDING,
+)
+
+
+class PushPlatform(StrEnum):
+    """Where a device receives pushes: a browser (Web Push), or an app through
+    Amazon SNS mobile push (APNs, FCM)."""
+
+    WEB = "WEB"
+    APNS = "APNS"
+    FCM = "FCM"
+
+
 class ExportStatus(StrEnum):
     PENDING = "PENDING"
     READY = "READY"

@@ -47,6 +47,9 @@ class User(Record):
     # last period digested (the digests' index is sorted by it).
     email_preference: str = EmailPreference.NONE
     digest_until: str | None = None
+    # The notification types pushed to the person's devices; None until they
+    # choose (`enums.DEFAULT_PUSH_TYPES`).
+    push_types: tuple[str, ...] | None = None
 
     @property
     def key(self) -> Key:
@@ -127,6 +130,8 @@ class Membership(Record):
     role: str  # a store.enums.Role
     joined_at: str
     vouch_score: int = 0
+    # Nothing of the family is pushed to the member until then (`muteFamily`).
+    push_muted_until: str | None = None
 
     @property
     def key(self) -> Key:
@@ -287,6 +292,12 @@ class Content(Record):
     media_key: str | None = None
     thumbnail_key: str | None = None
     transcription: str | None = None
+    # ISO 639-1, as the transcriber detected it (or as the settings forced it).
+    transcript_language: str | None = None
+    # The WebVTT captions blob, when there is a transcription.
+    captions_key: str | None = None
+    # Why a transcription failed: the content is READY without one, and may retry it.
+    transcription_failure: str | None = None
     failure_reason: str | None = None
     ready_at: str | None = None
     # When a photo was taken, from its EXIF: ISO 8601 with the camera's own UTC offset,
@@ -303,6 +314,11 @@ class Content(Record):
     @property
     def key(self) -> Key:
         return keys.content(self.id)
+
+    def blob_keys(self) -> list[str]:
+        """Every blob this content owns: deleting the content deletes these."""
+        owned = (self.s3_key, self.media_key, self.thumbnail_key, self.captions_key)
+        return [key for key in owned if key]
 
     def feed_keys(self) -> dict[str, str]:
         gsi1pk, gsi1sk = keys.feed_gsi1(self.family_id, self.created_at, self.id)
@@ -447,23 +463,81 @@ class Notification(Record):
     # "mark everything read" moves the epoch past it, it is read whatever `read`
     # says. None on notifications written before unread counts existed.
     epoch: int | None = None
+    # Still to be pushed to the addressee's devices: the note is the push
+    # outbox item (GSI1) until the push worker settles it.
+    push_pending: bool = False
+    # The devices it has been pushed to so far (a send interrupted halfway goes
+    # on with the others).
+    pushed_to: tuple[str, ...] = ()
+
+    DERIVED: ClassVar[frozenset[str]] = frozenset({"push_pending"})
 
     @property
     def key(self) -> Key:
         return keys.notification(self.user_id, self.created_at, self.id)
 
     def index_keys(self) -> Item:
-        # A capsule opening is the mailer's outbox item too: written by
-        # the unlock's own transaction, so it exists exactly when the unlock does.
-        if self.type != NotificationType.CAPSULE_UNLOCKED:
-            return {}
-        gsi2pk, gsi2sk = keys.mail_outbox_gsi2(self.created_at, self.user_id, self.id)
-        return {"GSI2PK": gsi2pk, "GSI2SK": gsi2sk}
+        found: Item = {}
+        if self.push_pending:
+            gsi1pk, gsi1sk = keys.push_outbox_gsi1(self.created_at, self.user_id, self.id)
+            found.update({"GSI1PK": gsi1pk, "GSI1SK": gsi1sk})
+        # A capsule opening is the mailer's outbox item too: written by the
+        # unlock's own transaction, so it exists exactly when the unlock does.
+        if self.type == NotificationType.CAPSULE_UNLOCKED:
+            gsi2pk, gsi2sk = keys.mail_outbox_gsi2(self.created_at, self.user_id, self.id)
+            found.update({"GSI2PK": gsi2pk, "GSI2SK": gsi2sk})
+        return found
+
+    @classmethod
+    def derived_from(cls, item: Item) -> dict[str, Any]:
+        return {"push_pending": item.get("GSI1PK") == keys.PUSH_OUTBOX_PK}
 
     def read_in(self, epoch: int) -> bool:
         """Read by its own flag, or by a "mark everything read" since it was
         written. One written before counts existed was never counted: read."""
         return self.read or self.epoch is None or self.epoch < epoch
+
+
+@dataclass(frozen=True)
+class PushDevice(Record):
+    """A browser or an app a person receives pushes on. Its id is derived from
+    its endpoint or token, so registering the same one again finds it."""
+
+    user_id: str
+    id: str
+    platform: str  # a store.enums.PushPlatform
+    created_at: str
+    updated_at: str
+    name: str | None = None
+    # WEB: the subscription, as the browser's PushSubscription.toJSON() gives it.
+    endpoint: str | None = None
+    p256dh: str | None = None
+    auth: str | None = None
+    # APNS, FCM: the app's device token, and its SNS platform endpoint.
+    token: str | None = None
+    sns_endpoint_arn: str | None = None
+    last_pushed_at: str | None = None
+    # The collapse topic of the last push (comments on one content) and when it
+    # went: the next one of the same topic within a minute is not sent.
+    last_topic: str | None = None
+    last_topic_at: str | None = None
+
+    @property
+    def key(self) -> Key:
+        return keys.push_device(self.user_id, self.id)
+
+
+@dataclass(frozen=True)
+class PushDeviceCount(Record):
+    """How many devices a person has: every add and removal moves it in the
+    device's own transaction, so the limit holds under racing registrations."""
+
+    user_id: str
+    count: int = 0
+
+    @property
+    def key(self) -> Key:
+        return keys.push_device_count(self.user_id)
 
 
 @dataclass(frozen=True)
@@ -516,6 +590,24 @@ class Tag(Record):
             )
         found["GSI2PK"], found["GSI2SK"] = keys.tag_gsi2(self.author_id, self.normalized, self.content_id)
         return found
+
+
+@dataclass(frozen=True)
+class ContentWord(Record):
+    """One word (folded and escaped as tags are) of a READY content's title or
+    transcription: what `searchContent` finds it by."""
+
+    content_id: str
+    family_id: str
+    word: str
+
+    @property
+    def key(self) -> Key:
+        return keys.content_word(self.content_id, self.word)
+
+    def index_keys(self) -> Item:
+        pk, sk = keys.content_word_gsi1(self.family_id, self.word, self.content_id)
+        return {"GSI1PK": pk, "GSI1SK": sk}
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,15 @@ def rate(subject: str, action: str) -> Key:
     return (f"RATE#{subject}", action)
 
 
+def stream_slots_pk(subject: str) -> str:
+    return f"STREAMS#{subject}"
+
+
+def stream_slot(subject: str, slot: int) -> Key:
+    """One of a person's places for a live subscription, held as a lease."""
+    return (stream_slots_pk(subject), f"SLOT#{slot:03d}")
+
+
 def family(family_id: str) -> Key:
     return (f"FAMILY#{family_id}", "META")
 
@@ -172,6 +181,24 @@ def archive_pk(shard: int) -> str:
 def archive_gsi2(ready_at: str, content_id: str) -> tuple[str, str]:
     """READY or DELIVERED content, by when it became READY, for the archive sweep."""
     return (archive_pk(unlock_shard_of(content_id, ARCHIVE_SHARDS)), f"{ready_at}#{content_id}")
+
+
+def content_word(content_id: str, word: str) -> Key:
+    """One word of a content's title or transcription, in the content's own partition
+    (deleting the content deletes it with the other children)."""
+    return (f"CONTENT#{content_id}", f"{CONTENT_WORD_PREFIX}{word}")
+
+
+CONTENT_WORD_PREFIX = "WORD#"
+
+
+def content_word_gsi1(family_id: str, word: str, content_id: str) -> tuple[str, str]:
+    return (content_search_pk(family_id), f"{word}#{content_id}")
+
+
+def content_search_pk(family_id: str) -> str:
+    """The family's words, in word order: searchContent's prefix index."""
+    return f"WORDS#{family_id}"
 
 
 def content_tags(content_id: str) -> Key:
@@ -367,6 +394,28 @@ def mail_outbox_gsi2(created_at: str, user_id: str, notification_id: str) -> tup
     itself carries these keys until the mailer settles it, so the unlock writes
     no item more than before."""
     return (MAIL_OUTBOX_PK, f"{created_at}#{user_id}#{notification_id}")
+
+
+PUSH_OUTBOX_PK = "PUSH_OUTBOX"
+
+
+def push_outbox_gsi1(created_at: str, user_id: str, notification_id: str) -> tuple[str, str]:
+    """A notification still to be pushed to its addressee's devices: the
+    notification itself carries these keys until the push worker settles it."""
+    return (PUSH_OUTBOX_PK, f"{created_at}#{user_id}#{notification_id}")
+
+
+def push_device(user_id: str, device_id: str) -> Key:
+    """A device a person receives pushes on, under their own partition: nobody
+    else's request can name it."""
+    return (f"USER#{user_id}", f"{PUSH_DEVICE_PREFIX}{device_id}")
+
+
+PUSH_DEVICE_PREFIX = "PUSHDEV#"
+
+
+def push_device_count(user_id: str) -> Key:
+    return (f"USER#{user_id}", "PUSHDEVCOUNT")
 
 
 def digest_pk(kind: str) -> str:

@@ -9,8 +9,11 @@ its write made with no other writer in between, across processes too.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ import orjson
 from store.expressions import apply_update, cursor_for, decode_cursor, matches
 from store.port import (
     MAX_TRANSACTION_ITEMS,
+    TTL_ATTRIBUTE,
     Cancellation,
     Check,
     Condition,
@@ -271,6 +275,33 @@ class SqliteTable:
                     self._write(key, None)
                 elif not isinstance(op, Check):
                     raise TypeError(f"unknown write {op!r}")
+
+    # Expiry -------------------------------------------------------------------
+
+    async def sweep_expired(self, now: float | None = None, batch: int = 500) -> int:
+        """What DynamoDB's TTL does there: items whose `expiresAt` (seconds since
+        the epoch) has passed are deleted, `batch` at a time; answers how many."""
+        moment = time.time() if now is None else now
+        total = 0
+        while True:
+            deleted = self._db.execute(
+                "DELETE FROM items WHERE (pk, sk) IN (SELECT pk, sk FROM items "
+                f"WHERE json_extract(body, '$.{TTL_ATTRIBUTE}') < ? LIMIT ?)",
+                (moment, batch),
+            ).rowcount
+            total += deleted
+            if deleted < batch:
+                return total
+            await asyncio.sleep(0)  # a long sweep lets requests in between batches
+
+    async def sweep_every(self, seconds: float) -> None:
+        """`sweep_expired` now and every `seconds`, until cancelled."""
+        while True:
+            try:
+                await self.sweep_expired()
+            except sqlite3.Error:
+                logging.getLogger("mifamilias.store").exception("could not sweep expired items")
+            await asyncio.sleep(seconds)
 
     async def ping(self) -> None:
         self._db.execute("SELECT 1").fetchone()

@@ -190,3 +190,51 @@ def make_garbage(dir: Path, name: str = "garbage.bin", size: int = 4096, seed: i
     out = Path(dir) / name
     out.write_bytes(random.Random(seed).randbytes(size))
     return out
+
+
+ENGLISH_SPEECH = (
+    "My grandmother bakes fresh bread every Sunday morning. "
+    "The children play football in the garden after school."
+)
+SPANISH_SPEECH = (
+    "Hola abuela, mañana vamos a la playa con los niños. Después comemos juntos en la casa de mi hermana."
+)
+
+
+def make_speech_wav(dir: Path, text: str, voice: str, name: str | None = None) -> Path:
+    """`text` spoken by espeak-ng with `voice` ("en", "es"), as a WAV file."""
+    out = Path(dir) / (name or f"speech-{voice}.wav")
+    subprocess.run(
+        ["espeak-ng", "-v", voice, "-s", "150", "-w", str(out), text],
+        check=True,
+        capture_output=True,
+        timeout=FFMPEG_TIMEOUT_SECONDS,
+    )
+    return out
+
+
+def make_video_with_speech(dir: Path, speech: Path, name: str = "speech.mp4") -> Path:
+    """An H.264/AAC MP4 (test pattern) whose sound track is `speech`, as long as it."""
+    out = Path(dir) / name
+    _ffmpeg(
+        "-f", "lavfi", "-i", "testsrc=size=320x240:rate=25", "-i", str(speech),
+        "-c:v", "libx264", "-preset", "ultrafast", "-pix_fmt", "yuv420p",
+        "-c:a", "aac", "-b:a", "64k", "-shortest", str(out),
+    )  # fmt: skip
+    return out
+
+
+def make_long_audio_with_speech(
+    dir: Path, first: Path, last: Path, *, seconds: float, name: str = "long.m4a"
+) -> Path:
+    """`seconds` of audio (AAC in .m4a): `first` spoken at the start, `last` at the end,
+    silence between."""
+    out = Path(dir) / name
+    _ffmpeg(
+        "-i", str(first), "-i", str(last),
+        "-filter_complex",
+        f"[0:a]aresample=16000,apad=whole_dur={seconds - 10:.3f}[a];"
+        "[1:a]aresample=16000,apad=whole_dur=10[b];[a][b]concat=n=2:v=0:a=1[out]",
+        "-map", "[out]", "-ac", "1", "-c:a", "aac", "-b:a", "32k", str(out),
+    )  # fmt: skip
+    return out

@@ -18,7 +18,7 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
     rows = run_sections(TINY, tmp_path, log=False)
     rendered = table(rows)
     sections = {row.section for row in rows}
-    assert {s.split(".")[0] for s in sections} == {"1", "2", "3", "4", "5", "6", "7", "8"}
+    assert {s.split(".")[0] for s in sections} == {"1", "2", "3", "4", "5", "6", "7", "8", "9"}
     measures = [row.measure for row in rows]
     for expected in (
         "Strawberry / graphql-core",
@@ -36,6 +36,8 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
         "`me` metrics on, tracing off / metrics off, tracing off (req/s)",
         "`feed` metrics on, tracing on / metrics off, tracing off (req/s)",
         "  capsules opened exactly once (counters sum to the capsules, every round, 1 and N processes)",
+        "warm / fresh",
+        "ours / floor, 4 workers",
     ):
         assert expected in measures, expected
     assert any(m.startswith("embedded store:") for m in measures)

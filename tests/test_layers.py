@@ -28,3 +28,46 @@ def test_no_package_imports_the_app() -> None:
         if "app" in imported_modules(path)
     ]
     assert offenders == []
+
+
+WRITER = ROOT / "resolvers" / "domain" / "notifications.py"
+
+
+def builds_notifications(path: Path) -> list[int]:
+    """Lines that build a notification record, or name the notifications
+    channel, outside the one writer: a call of `Notification(...)` (however it
+    was imported) or a string "notifications" passed to `user_channel`."""
+    tree = ast.parse(path.read_text())
+    aliases = {"Notification"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "store.items":
+            aliases |= {alias.asname or alias.name for alias in node.names if alias.name == "Notification"}
+    lines: list[int] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+        owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+        if (name in aliases and isinstance(func, ast.Name)) or (name == "Notification" and owner == "items"):
+            lines.append(node.lineno)
+        if name == "user_channel" and any(
+            isinstance(arg, ast.Constant) and arg.value == "notifications" for arg in node.args
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_writer_builds_notifications() -> None:
+    """Every notification goes through `notifications.write`, which stamps its
+    epoch, counts it and announces it: no other module of ours builds one (the
+    schema's `Notification` type wraps a record, and is told apart by module)."""
+    offenders = {
+        str(path.relative_to(ROOT)): lines
+        for package in ("store", "resolvers")
+        for path in (ROOT / package).rglob("*.py")
+        if path != WRITER and (lines := builds_notifications(path))
+    }
+    assert offenders == {}
+    # The check itself finds the writer's own builders.
+    assert builds_notifications(WRITER)

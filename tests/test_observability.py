@@ -452,6 +452,23 @@ async def test_operation_labels_are_bounded(api_sqlite: Api) -> None:
     assert set(names[OPERATION_CAP:]) == {"other"}
     assert metrics.operation_label("Op3") == "Op3"
     assert metrics.operation_label(None) == "anonymous"
+    assert Metrics().operation_label("New", may_add=False) == "other"
+
+
+async def test_anonymous_requests_cannot_fill_the_operation_labels(api_sqlite: Api) -> None:
+    """Names sent without a token take no place among the labels: a real name
+    later, signed in, is counted under its own."""
+    api = api_sqlite
+    sample = api.services.metrics.registry.get_sample_value
+    for n in range(OPERATION_CAP + 5):
+        await api.client.post("/graphql", json={"query": f"query Junk{n} {{ __typename }}"})
+    ben = {"Authorization": f"Bearer {api.token('ben')}"}
+    await api.client.post("/graphql", json={"query": "query RealName { me { id } }"}, headers=ben)
+    assert sample("mifamilias_graphql_requests_total", {"operation": "RealName", "type": "query"}) == 1
+    assert sample("mifamilias_graphql_requests_total", {"operation": "Junk0", "type": "query"}) is None
+    # An anonymous request of a name already known is counted under it.
+    await api.client.post("/graphql", json={"query": "query RealName { __typename }"})
+    assert sample("mifamilias_graphql_requests_total", {"operation": "RealName", "type": "query"}) == 2
     assert channel_kind("user:ana:capsules") == "capsules" and channel_kind("content:1") == "content"
     assert channel_kind("user:ana:secret-thing") == "other"
 

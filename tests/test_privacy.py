@@ -418,6 +418,40 @@ async def test_display_text_that_fools_readers_is_refused_naming_the_field(serve
     assert body["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT"
 
 
+HIDDEN = {
+    "line separator": "Ana\u2028López",
+    "paragraph separator": "Ana\u2029López",
+    "tag characters": "Ana\U000e0041\U000e0042",
+    "a lone cancel tag": "Ana\U000e007f",
+    "interlinear annotation": "Ana\ufff9López\ufffa\ufffb",
+}
+
+
+async def test_hidden_breaks_tags_and_annotations_are_refused_and_marks_allowed(
+    server: ServerProcess,
+) -> None:
+    family_id = await family(server, "ana", [])
+    content_id = await upload_text(server, "ana", family_id, b"hola", "hola")
+    update = "mutation($n: String!) { updateProfile(input: {givenName: $n}) { givenName } }"
+    create = "mutation($n: String!) { createFamily(input: {name: $n}) { id } }"
+    comment = "mutation($c: ID!, $n: String!) { addComment(contentId: $c, body: $n) { body } }"
+    for what, bad in HIDDEN.items():
+        for query, field, extra in (
+            (update, "givenName", {}),
+            (create, "name", {}),
+            (comment, "body", {"c": content_id}),
+        ):
+            body = await post(server, query, {"n": bad, **extra}, auth=token("ana"))
+            assert body["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT", (what, field)
+            assert field in body["errors"][0]["message"], (what, field)
+    # Right-to-left names need their marks; a subdivision flag is its tags.
+    for fine in (
+        "\u200fמרים\u200e",
+        "Ana \U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f",
+    ):
+        assert (await ok(server, "ana", update, {"n": fine}))["updateProfile"]["givenName"] == fine
+
+
 async def test_a_token_name_that_would_fool_readers_is_not_taken_into_the_profile(
     server: ServerProcess,
 ) -> None:

@@ -120,6 +120,7 @@ def test_the_graphql_enums_hold_exactly_the_store_enums() -> None:
         graphql_enums.NotificationType: store_enums.NotificationType,
         graphql_enums.DataExportStatus: store_enums.ExportStatus,
         graphql_enums.EmailPreference: store_enums.EmailPreference,
+        graphql_enums.PushPlatform: store_enums.PushPlatform,
         graphql_enums.PostingPolicy: store_enums.PostingPolicy,
         graphql_enums.FamilyEventType: store_enums.FamilyEventType,
     }

@@ -28,6 +28,11 @@ REACT = "mutation($id: ID!, $e: String!) { addReaction(contentId: $id, emoji: $e
 COMMENT = "mutation($id: ID!, $b: String!) { addComment(contentId: $id, body: $b) { id } }"
 SET_TAGS = """mutation($id: ID!, $v: [String!]!, $s: String, $p: Boolean) {
   setTags(contentId: $id, values: $v, setName: $s, private: $p) { value } }"""
+REGISTER_DEVICE = """mutation($i: RegisterPushDeviceInput!) {
+  registerPushDevice(input: $i) { id platform name createdAt } }"""
+# Push endpoints of the typical calls: an origin the tests and the bench admit,
+# where nothing listens (a push there is refused at once, and retried later).
+PUSH_ORIGIN = "http://127.0.0.1:9"
 VIEWERS = ("ana", "ben", "cy", "dee", "eve", "gus", "pia", "quim")
 
 
@@ -94,15 +99,19 @@ async def settle(api: Client) -> None:
 
 @contextlib.asynccontextmanager
 async def only_the_request(api: Client) -> AsyncIterator[None]:
-    """The media pipeline works beside the requests, on the same table: held
-    while a call is counted, the count is the call's own (content a call hands
-    to the pipeline is processed once it is released)."""
+    """The media pipeline and the push worker work beside the requests, on the
+    same table: held while a call is counted, the count is the call's own
+    (content a call hands to the pipeline is processed once it is released,
+    and a note left to push is found by the next recovery scan)."""
     await settle(api)
     await api.services.pipeline.stop()
+    pusher = api.services.pusher
+    await pusher.stop()
     try:
         yield
     finally:
         await api.services.pipeline.start()
+        await pusher.start()
 
 
 Setup = Callable[[], Awaitable[dict[str, Any]]]
@@ -209,6 +218,10 @@ def operations(api: Client, world: dict[str, Any]) -> list[Op]:
         data = await api.ok("mutation { requestDataExport { id } }", as_="cy")
         return {"id": data["requestDataExport"]["id"]}
 
+    async def device() -> dict[str, Any]:
+        data = await api.ok(REGISTER_DEVICE, {"i": web_subscription("ben-laptop")}, as_="ben")
+        return {"id": data["registerPushDevice"]["id"]}
+
     async def invite_made() -> dict[str, Any]:
         data = await api.ok(
             "mutation($f: ID!) { createInvite(input: {familyId: $f}) { id } }", {"f": f}, as_="ana"
@@ -257,6 +270,12 @@ def operations(api: Client, world: dict[str, Any]) -> list[Op]:
         Op(
             "searchTags",
             'query($f: ID!) { searchTags(familyId: $f, prefix: "ab") { edges { node { value content { id } } } } }',
+            "ben",
+            fixed(f=f),
+        ),
+        Op(
+            "searchContent",
+            'query($f: ID!) { searchContent(familyId: $f, text: "playa recu", first: 3) { edges { node { id title } } } }',
             "ben",
             fixed(f=f),
         ),
@@ -432,9 +451,50 @@ def operations(api: Client, world: dict[str, Any]) -> list[Op]:
             "cy",
             requested_export,
         ),
+        Op("rateLimit", "{ rateLimit { cost remaining resetAt } }", "ben"),
+        Op("webPushPublicKey", "{ webPushPublicKey }", "ben"),
+        Op(
+            "registerPushDevice",
+            REGISTER_DEVICE,
+            "ben",
+            fixed(i={**web_subscription("ben-phone"), "name": "Teléfono"}),
+        ),
+        Op("myPushDevices", "{ myPushDevices { id platform name lastPushedAt } }", "ben"),
+        Op("unregisterPushDevice", "mutation($id: ID!) { unregisterPushDevice(id: $id) }", "ben", device),
+        Op(
+            "muteFamily",
+            "mutation($f: ID!, $u: DateTime) { muteFamily(familyId: $f, until: $u) }",
+            "ben",
+            fixed(f=f, u=(clock.moment + timedelta(days=7)).isoformat()),
+        ),
         # Last: it takes eve out of the world.
         Op("deleteMyAccount", "mutation { deleteMyAccount }", "eve"),
     ]
+
+
+def web_subscription(name: str) -> dict[str, str]:
+    """What a browser's PushSubscription.toJSON() gives, with fresh keys."""
+    import base64
+    import os
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    point = (
+        ec.generate_private_key(ec.SECP256R1())
+        .public_key()
+        .public_bytes(serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+    )
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    return {
+        "platform": "WEB",
+        "endpoint": f"{PUSH_ORIGIN}/push/{name}",
+        "p256dh": b64(point),
+        "auth": b64(os.urandom(16)),
+    }
 
 
 async def build_world(api: Client, clock: Any) -> dict[str, Any]:
@@ -446,7 +506,10 @@ async def build_world(api: Client, clock: Any) -> dict[str, Any]:
     for user in ("pia", "quim"):
         await api.ok(JOIN, {"code": vouched["inviteCode"]}, as_=user)
     posts = [
-        await upload_text(api, ["ana", "ben"][n % 2], family["id"], f"post {n}".encode()) for n in range(6)
+        await upload_text(
+            api, ["ana", "ben"][n % 2], family["id"], f"post {n}".encode(), title=f"Recuerdo de la playa {n}"
+        )
+        for n in range(6)
     ]
     await settle(api)
     for n, post in enumerate(posts):

@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
+from resolvers.core.errors import Unavailable
 from resolvers.core.metrics import Metrics
 from resolvers.core.ports import Event, EventBus
 
@@ -109,9 +110,15 @@ class _Fanout:
                     queue.put_nowait(event)
                     delivered += 1
                 except asyncio.QueueFull:
-                    # A subscriber this far behind is stuck; dropping beats unbounded memory.
+                    # A subscriber this far behind is stuck; its stream ends at its
+                    # next read (it resumes with `after`), and memory stays bounded.
                     dropped += 1
-                    log.warning("dropping an event for a slow subscriber on %s", channel)
+                    if isinstance(queue, Inbox) and not queue.fell_behind:
+                        queue.fell_behind = True
+                        self.metrics.slow_client_closed("stream", "queue_full")
+                        log.warning(
+                            "a subscriber on %s fell %d events behind; its stream ends", channel, QUEUE_LIMIT
+                        )
         finally:
             self.metrics.delivered(channel, delivered, dropped)
 
@@ -125,7 +132,7 @@ class _Fanout:
 
     @contextlib.asynccontextmanager
     async def listen(self, channel: str) -> AsyncIterator[asyncio.Queue[Event]]:
-        queue: asyncio.Queue[Event] = asyncio.Queue(QUEUE_LIMIT)
+        queue = Inbox(QUEUE_LIMIT)
         self.queues[channel].add(queue)
         try:
             yield queue
@@ -137,8 +144,21 @@ class _Fanout:
                     del self.queues[channel]
 
 
+class Inbox(asyncio.Queue[Event]):
+    """One subscriber's events, bounded; `fell_behind` once one did not fit."""
+
+    fell_behind = False
+
+
 async def _drain(queue: asyncio.Queue[Event]) -> AsyncIterator[Event]:
     while True:
+        if isinstance(queue, Inbox) and queue.fell_behind:
+            # What it holds is stale by now: the client reads on from its last event.
+            raise Unavailable(
+                f"this stream fell more than {QUEUE_LIMIT} events behind and was ended: "
+                "subscribe again with `after` set to the id of the last event you received",
+                retryAfter=0,
+            )
         yield await queue.get()
 
 

@@ -1,13 +1,13 @@
 """Media checks and conversions for uploaded family content.
 
 Pure async functions: they read a local file and write local files, nothing else (no storage,
-no GraphQL). :func:`probe` reads a file's streams with PyAV (libavformat) in a child Python
-(:mod:`resolvers.adapters.probing`); video and audio are converted by the ffmpeg binary shipped by
-``imageio-ffmpeg``; photos go through Pillow in child processes.
+no GraphQL). :func:`probe` reads a file's streams with PyAV (libavformat) in a child forked
+from a warm forkserver (:mod:`resolvers.adapters.probing`); video and audio are converted by the
+ffmpeg binary shipped by ``imageio-ffmpeg``; photos go through Pillow in child processes.
 
-Every probe and every ffmpeg run is a subprocess started with
-:func:`asyncio.create_subprocess_exec`, bounded by a timeout and killed when the timeout passes or
-the awaiting task is cancelled.
+Every probe (a forked child) and every ffmpeg run (a subprocess started with
+:func:`asyncio.create_subprocess_exec`) is bounded by a timeout and killed when the timeout passes
+or the awaiting task is cancelled.
 
 Errors are :class:`MediaError`: ``str(error)`` is a short sentence fit to show a person,
 ``error.detail`` carries the PyAV/ffmpeg/Pillow diagnostics (stderr tail) for the logs.
@@ -24,7 +24,6 @@ import functools
 import json
 import multiprocessing
 import re
-import sys
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -243,14 +242,74 @@ async def _run_ffmpeg_to(
 # --------------------------------------------------------------------------------------------
 # probing (PyAV, in a child process: resolvers/adapters/probing.py)
 
-_PROBE_SCRIPT = probing.__file__
 _PROBE_FIELDS = frozenset(probing.ProbeFields.__annotations__)
 
 
-def _probe_command(path: Path) -> list[str]:
-    # -I: the child ignores PYTHON* variables and puts neither the script's folder nor the
-    # working directory on sys.path; it needs the standard library and av, nothing else.
-    return [sys.executable, "-I", _PROBE_SCRIPT, str(path)]
+@functools.cache
+def _forkserver() -> Any:
+    """The process's one forkserver (multiprocessing has one per process), shared by
+    probes and photos, with what their children need imported once: a child is a
+    fork of a warm interpreter, not a fresh one."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__, "pillow_heif", "av"])
+    return context
+
+
+def _probe_target() -> Callable[[str, Any], None]:
+    """What the probe's child runs (tests give it another importable function)."""
+    return probing.probe_child
+
+
+def _start_probe_child(path: Path, answer: Any) -> Any:
+    """Starts the probe's child (blocking: it talks to the forkserver); returns it."""
+    process = _forkserver().Process(target=_probe_target(), args=(str(path), answer), daemon=True)
+    process.start()
+    return process
+
+
+async def _probe_in_child(path: Path, *, timeout_seconds: float) -> tuple[int, str, str]:
+    """Run the probe in a forked child; return (exit code, JSON fields, reason).
+    Killed on timeout or cancellation, as `_run_process` kills its commands."""
+    receive, answer = _forkserver().Pipe(duplex=False)
+    try:
+        process = await asyncio.to_thread(_start_probe_child, path, answer)
+    except OSError as exc:
+        receive.close()
+        unavailable = "reading the file failed: the media tools are unavailable"
+        raise MediaError(unavailable, detail=repr(exc)) from exc
+    finally:
+        answer.close()
+    loop = asyncio.get_running_loop()
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def on_exit() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(process.sentinel, on_exit)
+    try:
+        async with asyncio.timeout(timeout_seconds):
+            await exited
+    except TimeoutError:
+        raise MediaError(
+            "reading the file took too long and was stopped",
+            detail=f"probe timed out after {timeout_seconds:g}s: {path}",
+        ) from None
+    finally:
+        loop.remove_reader(process.sentinel)
+        if process.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        await asyncio.to_thread(process.join)
+        try:
+            outcome = receive.recv() if receive.poll() else None
+        except EOFError:  # the child died before it answered
+            outcome = None
+        receive.close()
+    code = process.exitcode
+    if code == 0 and isinstance(outcome, tuple) and len(outcome) == 3:
+        return outcome[0], outcome[1], outcome[2]
+    return (code if code else 1), "", "the probe ended without an answer"
 
 
 def _probe_from_json(text: str) -> Probe | None:
@@ -270,13 +329,7 @@ async def probe(path: Path, *, timeout_seconds: float = PROBE_TIMEOUT_SECONDS) -
     """
     if not await asyncio.to_thread(path.is_file):
         raise MediaError("the file could not be found", detail=str(path))
-    code, stdout, stderr = await _run_process(
-        _probe_command(path),
-        timeout_seconds=timeout_seconds,
-        what="reading the file",
-        tool="probe",
-        stdout=True,
-    )
+    code, stdout, stderr = await _probe_in_child(path, timeout_seconds=timeout_seconds)
     result = _probe_from_json(stdout) if code == 0 else None
     if result is None:
         raise MediaError(
@@ -672,11 +725,9 @@ def _photo_pool() -> concurrent.futures.ProcessPoolExecutor:
     """Photos decode in child processes, one photo per child: the decoder's
     memory goes back to the system when the child exits, and a crash in a
     codec cannot take the server with it."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__, "pillow_heif"])
     return concurrent.futures.ProcessPoolExecutor(
         max_workers=PHOTO_WORKERS,
-        mp_context=context,
+        mp_context=_forkserver(),
         max_tasks_per_child=1,
         initializer=_start_photo_worker,
     )

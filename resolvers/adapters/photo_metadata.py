@@ -46,12 +46,14 @@ _LOCAL = (
     rb"(?:GPS|Gps)[A-Za-z0-9]*|City|State|Country|CountryCode|CountryName|Sublocation|ProvinceState"
     rb"|WorldRegion|Location(?:Created|Shown|Name|Id)?"
 )
+# Any namespace prefix, or none (a default namespace: `<GPSLatitude>`).
+_PREFIX = rb"(?:[A-Za-z_][\w.-]*:)?"
 _XMP_ELEMENT = re.compile(
-    rb"<(?P<name>[A-Za-z_][\w.-]*:(?:" + _LOCAL + rb"))(?=[\s/>])[^>]*?(?:/>|>.*?</(?P=name)\s*>)", re.S
+    rb"<(?P<name>" + _PREFIX + rb"(?:" + _LOCAL + rb"))(?=[\s/>])[^>]*?(?:/>|>.*?</(?P=name)\s*>)", re.S
 )
-_XMP_ATTRIBUTE = re.compile(rb"(?<=\s)[A-Za-z_][\w.-]*:(?:" + _LOCAL + rb")\s*=\s*(?:\"[^\"]*\"|'[^']*')")
+_XMP_ATTRIBUTE = re.compile(rb"(?<=\s)" + _PREFIX + rb"(?:" + _LOCAL + rb")\s*=\s*(?:\"[^\"]*\"|'[^']*')")
 # What must not be left in any XMP packet of a cleaned photo.
-LOCATION_XMP = re.compile(rb"[\s<][A-Za-z_][\w.-]*:(?:GPS|Gps)[A-Za-z0-9]*(?=[\s=/>])")
+LOCATION_XMP = re.compile(rb"[\s<]" + _PREFIX + rb"(?:GPS|Gps)[A-Za-z0-9]*(?=[\s=/>])")
 _IPTC_LOCATION = frozenset({26, 27, 90, 92, 95, 100, 101})
 
 _JPEG_SOI = b"\xff\xd8"

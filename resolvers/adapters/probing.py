@@ -1,10 +1,12 @@
 """Read what a media file holds with PyAV (libavformat), in a process of its own.
 
-:func:`resolvers.adapters.media.probe` runs this file as a script in a child Python
-(``python -I probing.py PATH``) and kills the child when it takes too long: a hostile file can
-make a demuxer spin, block (a FIFO) or crash, and none of that may reach the server.
-The child prints one JSON object on stdout, the fields of ``media.Probe``, and exits 0; a file
-libavformat cannot open exits with :data:`EXIT_UNREADABLE` and the reason on stderr.
+:func:`resolvers.adapters.media.probe` runs :func:`probe_child` in a child forked from a warm
+forkserver (``av`` already imported there, so a probe costs a fork, not an interpreter start and
+an import of libav), and kills the child when it takes too long: a hostile file can make a
+demuxer spin, block (a FIFO) or crash, and none of that may reach the server. The child sends
+(exit code, the fields of ``media.Probe`` as JSON, the reason) on a pipe and exits; a file
+libavformat cannot open is :data:`EXIT_UNREADABLE` with the reason. Run as a script
+(``python -I probing.py PATH``), the same probe prints the JSON on stdout instead.
 
 Only headers are read (``avformat_open_input`` and ``avformat_find_stream_info``, as ``ffmpeg -i``
 does). The display rotation of a video lives in side data that PyAV shows on decoded frames
@@ -12,8 +14,8 @@ only, so for a clip (not a still image) one frame of the first video stream is d
 one thread and at most :data:`MAX_PACKETS_FOR_ROTATION` packets read. The child's address space
 is capped at :data:`MEMORY_LIMIT_BYTES`.
 
-This module imports nothing from the project (the child runs it as a plain script) and imports
-``av`` only in the child, so the server process never loads libav.
+This module imports nothing from the project (it also runs as a plain script) and imports
+``av`` only in the child and the forkserver, so the server process never loads libav.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import sys
 from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     from av.container import InputContainer
     from av.video.stream import VideoStream
 
-__all__ = ["EXIT_UNREADABLE", "ProbeFields", "is_image_format", "probe_file"]
+__all__ = ["EXIT_UNREADABLE", "ProbeFields", "is_image_format", "probe_child", "probe_file"]
 
 EXIT_UNREADABLE = 2
 MEMORY_LIMIT_BYTES = 1 << 30
@@ -129,20 +133,33 @@ def probe_file(path: str) -> ProbeFields:
         )
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: probing.py PATH", file=sys.stderr)
-        return 64
+def _probed(path: str) -> tuple[int, str, str]:
+    """(exit code, JSON fields, reason), in a child whose address space is capped."""
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
     import av
 
     try:
-        fields = probe_file(argv[1])
+        return 0, json.dumps(probe_file(path)), ""
     except av.FFmpegError as exc:
-        print(str(exc), file=sys.stderr)
-        return EXIT_UNREADABLE
-    sys.stdout.write(json.dumps(fields))
-    return 0
+        return EXIT_UNREADABLE, "", str(exc)
+
+
+def probe_child(path: str, answer: Connection) -> None:
+    """The forked child: probes ``path`` and sends the outcome on ``answer``."""
+    answer.send(_probed(path))
+    answer.close()
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: probing.py PATH", file=sys.stderr)
+        return 64
+    code, fields, reason = _probed(argv[1])
+    if code == 0:
+        sys.stdout.write(fields)
+    else:
+        print(reason, file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

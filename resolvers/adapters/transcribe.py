@@ -1,8 +1,10 @@
 """The transcriber port: speech in a stored media blob to text.
 
 `Transcriber.transcribe` takes the blob's key, its container format and a job
-name, and returns the transcript text, or None when the service heard no
-speech. Failures raise `TranscriptionError`.
+name, and returns a `Transcription` (the text, its language and its timed
+cues), or None when it heard no speech. Failures raise `TranscriptionError`.
+Two adapters answer it: `resolvers.adapters.whisper.LocalTranscriber` (the
+default: faster-whisper in worker processes) and `AwsTranscriber` below.
 
 `AwsTranscriber` runs an Amazon Transcribe batch job on the blob where it lies
 (`s3://<bucket>/<key>`), waits for it by polling, and reads the transcript
@@ -37,7 +39,8 @@ import contextlib
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote, urlsplit
 
@@ -62,9 +65,66 @@ class TranscriptionError(Exception):
     """A transcription could not be done; the message says why and for which job."""
 
 
+@dataclass(frozen=True)
+class Cue:
+    """One caption: what was said between `start` and `end` (seconds from the start)."""
+
+    start: float
+    end: float
+    text: str
+
+
+@dataclass(frozen=True)
+class Transcription:
+    """What a transcriber heard: the text, its language (ISO 639-1, None when the
+    engine did not say) and the text again in timed cues, in time order."""
+
+    text: str
+    language: str | None
+    cues: tuple[Cue, ...] = ()
+    # Captions the engine wrote itself (AWS Transcribe's WebVTT subtitles), kept as written.
+    vtt: str | None = None
+
+    @property
+    def has_captions(self) -> bool:
+        return bool(self.cues) or bool(self.vtt)
+
+    @classmethod
+    def of_cues(cls, cues: Sequence[Cue], language: str | None) -> Transcription | None:
+        """The transcription made of `cues`; None when they hold no words."""
+        kept = tuple(cue for cue in cues if cue.text.strip())
+        text = " ".join(cue.text.strip() for cue in kept)
+        return cls(text, language, kept) if text else None
+
+    def webvtt(self) -> str:
+        """The captions as a WebVTT file (text/vtt)."""
+        if self.vtt is not None:
+            return self.vtt
+        lines = ["WEBVTT", ""]
+        for number, cue in enumerate(self.cues, start=1):
+            # A cue's text may not hold a blank line or "-->"; "<" and "&" would start markup.
+            text = " ".join(cue.text.split()).replace("&", "&amp;").replace("<", "&lt;")
+            text = text.replace("-->", "->")
+            lines += [
+                str(number),
+                f"{_timestamp(cue.start)} --> {_timestamp(max(cue.end, cue.start))}",
+                text,
+                "",
+            ]
+        return "\n".join(lines)
+
+
+def _timestamp(seconds: float) -> str:
+    millis = max(0, round(seconds * 1000))
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    secs, millis = divmod(millis, 1000)
+    return f"{hours:02d}:{minutes:02d}:{secs:02d}.{millis:03d}"
+
+
 class Transcriber(Protocol):
-    async def transcribe(self, *, bucket_key: str, media_format: str, job_name: str) -> str | None:
-        """The transcript of the media blob at `bucket_key`, or None if it holds no speech.
+    async def transcribe(self, *, bucket_key: str, media_format: str, job_name: str) -> Transcription | None:
+        """What was said in the media blob at `bucket_key`, or None if it holds no speech.
 
         `media_format` is the container (mp4, m4a, mp3, wav, flac, ogg, webm,
         amr). `job_name` identifies the work: calling again with the same name
@@ -177,7 +237,7 @@ class AwsTranscriber:
         """Where a job's transcript JSON goes in the output bucket."""
         return f"{TRANSCRIPT_PREFIX}{job_name}.json"
 
-    async def transcribe(self, *, bucket_key: str, media_format: str, job_name: str) -> str | None:
+    async def transcribe(self, *, bucket_key: str, media_format: str, job_name: str) -> Transcription | None:
         validate_key(bucket_key)
         if not _JOB_NAME.fullmatch(job_name):
             raise ValueError(f"invalid transcription job name {job_name!r} (1-200 of [0-9A-Za-z._-])")
@@ -190,7 +250,37 @@ class AwsTranscriber:
         media_uri = f"s3://{self.bucket}/{bucket_key}"
         await self._start(job_name, media_uri, media_format)
         job = await self._wait(job_name)
-        return await self._read_transcript(job_name, job)
+        text = await self._read_transcript(job_name, job)
+        if text is None:
+            return None
+        # The service answers a locale ("es-US"); the port answers the language ("es").
+        code = job.get("LanguageCode")
+        language = code.split("-")[0].lower() if isinstance(code, str) and code else None
+        return Transcription(text, language, vtt=await self._read_subtitles(job_name, job))
+
+    @staticmethod
+    def subtitles_key(job_name: str) -> str:
+        """Where the service writes a job's WebVTT subtitles in the output bucket."""
+        return f"{TRANSCRIPT_PREFIX}{job_name}.vtt"
+
+    async def _read_subtitles(self, job_name: str, job: dict[str, Any]) -> str | None:
+        """The job's WebVTT subtitles, from the output bucket or the URI the job names;
+        None when there are none (captions are then left out, the transcript kept)."""
+        body = await self._get_object(self.output_bucket, self.subtitles_key(job_name))
+        if body is None:
+            uris = (job.get("Subtitles") or {}).get("SubtitleFileUris") or []
+            for uri in (u for u in uris if isinstance(u, str) and u.endswith(".vtt")):
+                location = _s3_location(uri)
+                if location is None:
+                    body = await _fetch_http(uri)
+                elif location != (self.output_bucket, self.subtitles_key(job_name)):
+                    body = await self._get_object(*location)
+                if body is not None:
+                    break
+        if body is None:
+            return None
+        text = body.decode("utf-8", "replace")
+        return text if text.lstrip("\ufeff").startswith("WEBVTT") else None
 
     async def _start(self, job_name: str, media_uri: str, media_format: str) -> None:
         request: dict[str, Any] = {
@@ -199,6 +289,8 @@ class AwsTranscriber:
             "MediaFormat": media_format,
             "OutputBucketName": self.output_bucket,
             "OutputKey": self.output_key(job_name),
+            # The service writes WebVTT beside the transcript: <OutputKey without .json>.vtt.
+            "Subtitles": {"Formats": ["vtt"], "OutputStartIndex": 1},
         }
         if self.language_code:
             request["LanguageCode"] = self.language_code

@@ -117,6 +117,13 @@ class Settings(BaseSettings):
     multipart_part_bytes: Annotated[int, Field(ge=MIN_PART_BYTES, le=MAX_PART_BYTES)] = 8 * MIB
     max_body_bytes: int = 1024 * 1024
     max_query_cost: int = 5_000
+    # Cost points one person may spend a minute, across operations and the
+    # subscription events delivered to them; 0 is no budget.
+    cost_budget: Annotated[int, Field(ge=0)] = 0
+    # Live subscriptions at once: per person across every connection, transport
+    # and process; per WebSocket connection.
+    max_subscriptions_per_person: Annotated[int, Field(ge=1)] = 50
+    max_subscriptions_per_connection: Annotated[int, Field(ge=1)] = 20
     operation_deadline_seconds: float = 10.0
     # How often an idle subscription hears from the server (WebSocket ping or
     # `ka`, an SSE comment, an empty multipart part), so proxies keep it open.
@@ -134,7 +141,15 @@ class Settings(BaseSettings):
     archive_after_days: int = 90
     capsule_retention_days: int = 365
     transcribe_bucket: str | None = None
-    transcriber: str | None = None
+    # Unset: the local transcriber (faster-whisper); "aws": Amazon Transcribe; "none": off.
+    transcriber: Literal["local", "aws", "none"] | None = None
+    # A CTranslate2 Whisper model directory; unset: the default model from the registry.
+    whisper_model: Path | None = None
+    # ISO 639-1; unset: detected per file.
+    transcribe_language: Annotated[str, Field(pattern=r"^[a-z]{2}$")] | None = None
+    # Where derived files that any data directory can share go (the assembled model);
+    # unset: $XDG_CACHE_HOME/mifamilias, else ~/.cache/mifamilias.
+    cache_dir: Path | None = None
     keep_original_metadata: bool = False
     trusted_documents: Path | None = None
     allow_introspection: bool | None = None
@@ -152,6 +167,39 @@ class Settings(BaseSettings):
     mail_poll_seconds: PositiveFloat = 30.0
     # How long an unsubscribe link in an email keeps working.
     mail_link_days: Annotated[int, Field(ge=1)] = 60
+
+    # Push to phones and browsers. Web Push is on by default, with VAPID keys
+    # generated into the data directory unless one is given (PEM, or the raw
+    # private key base64url); native push is on when an SNS platform
+    # application is named.
+    vapid_private_key: str | None = None
+    vapid_subject: str = "mailto:push@mifamilias.invalid"
+    push_allowed_origins: CommaSeparated = ()
+    sns_apns_arn: str | None = None
+    sns_fcm_arn: str | None = None
+    sns_endpoint: str | None = None
+    push_workers: Annotated[int, Field(ge=1)] = 4
+    push_lease_seconds: PositiveFloat = 60.0
+    push_recovery_seconds: PositiveFloat = 15.0
+    push_timeout_seconds: PositiveFloat = 10.0
+
+    @field_validator("vapid_subject")
+    @classmethod
+    def _vapid_subject(cls, value: str) -> str:
+        if not (value.startswith("mailto:") or value.startswith("https://")):
+            raise ValueError("must be a mailto: or https: contact, e.g. mailto:admin@example.org")
+        return value
+
+    @field_validator("push_allowed_origins")
+    @classmethod
+    def _push_origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        found = []
+        for origin in value:
+            parts = urlsplit(origin)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise ValueError(f"{origin!r} is not an origin, e.g. http://127.0.0.1:8443")
+            found.append(f"{parts.scheme}://{parts.netloc.lower()}")
+        return tuple(found)
 
     @field_validator("smtp_url")
     @classmethod
@@ -247,6 +295,13 @@ class Settings(BaseSettings):
         if self.allow_introspection is not None:
             return self.allow_introspection
         return self.trusted_documents is None
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        if self.cache_dir is not None:
+            return self.cache_dir
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "mifamilias"
 
     @property
     def sqlite_path(self) -> Path:

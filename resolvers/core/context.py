@@ -3,10 +3,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -16,9 +15,9 @@ from resolvers.core.auth import Claims, TokenExpired, bearer_token
 from resolvers.core.errors import ApiError, Unauthenticated
 from resolvers.core.loaders import Loaders
 from resolvers.core.ports import ContextServices
-from resolvers.core.ratelimit import client_address
+from resolvers.core.ratelimit import Transact, client_address
 from store import items, keys
-from store.port import ConditionFailed, NotExists, Table
+from store.port import ConditionFailed, NotExists, Table, WriteOp
 
 T = TypeVar("T")
 
@@ -100,15 +99,16 @@ class Context:
         subject = f"user:{await self.viewer_id()}"
         self._rate_windows[action] = await self.services.rates.check(subject, action, self.services.now())
 
-    async def count_rate(self, action: str) -> None:
-        """One `action` by the viewer, done."""
+    async def counted(self, action: str, ops: Sequence[WriteOp], transact: Transact | None = None) -> None:
+        """Runs the operation's transaction with one `action` by the viewer
+        counted in it, under the limit's condition (RATE_LIMITED, and nothing
+        written, when the window is full); `transact` commits it, if not the table."""
         seen = self._rate_windows.get(action)
-        await self.services.rates.count(f"user:{await self.viewer_id()}", action, self.services.now(), seen)
-
-    async def counted(self, action: str, write: Awaitable[T]) -> T:
-        """Runs the operation's write and counts one `action` beside it."""
-        done, _ = await asyncio.gather(write, self.count_rate(action))
-        return done
+        subject = f"user:{await self.viewer_id()}"
+        # Through ctx.table by default: with an Idempotency-Key, the key joins the transaction.
+        await self.services.rates.counted(
+            subject, action, self.services.now(), ops, seen, transact or self.table.transact
+        )
 
     def client_address(self) -> str:
         """Who is asking, on the network: the peer, or what a trusted proxy says."""

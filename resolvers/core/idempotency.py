@@ -9,7 +9,8 @@ for 24 hours.
 - An attempt that ended without an answer (stopped by the deadline, its
   process gone) is taken over by a retry once the deadline has passed for it:
   the takeover changes the key's `attempt`, and the mutation's first write
-  (`KeyedTable`: a transaction, or a single write made one) carries the key,
+  that commits (`KeyedTable`: a transaction, or a single write made one)
+  carries the key,
   conditional on its own attempt. So a late write of the first attempt cannot
   land after a takeover, and a retry finding the first attempt's write landed
   (COMMITTED, with no answer stored) says so instead of applying it again.
@@ -74,13 +75,6 @@ def current() -> Attempt | None:
     return _attempt.get()
 
 
-def commit_ops() -> list[WriteOp]:
-    """What the running mutation's first write adds for its key (nothing
-    without one, nor once an earlier write carried it)."""
-    attempt = _attempt.get()
-    return attempt.take() if attempt is not None else []
-
-
 def request_hash(query: str | None, operation_name: str | None, variables: object) -> str:
     text = json.dumps([query or "", operation_name, variables], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -97,15 +91,12 @@ class Attempt:
     """This request's claim on its key."""
 
     record: IdempotentRequest
-    # Whether a write of the mutation carried the key already.
+    # Whether a write of the mutation committed with the key already.
     carried: bool = field(default=False, compare=False)
 
-    def take(self) -> list[WriteOp]:
-        """The key's part of the first write, once."""
-        if self.carried:
-            return []
-        self.carried = True
-        return self.commit_ops()
+    def pending(self) -> list[WriteOp]:
+        """The key's part of the next write, until one has committed with it."""
+        return [] if self.carried else self.commit_ops()
 
     def commit_ops(self) -> list[WriteOp]:
         """For the mutation's own transaction: the key is COMMITTED with the
@@ -135,7 +126,7 @@ def _superseded(error: TransactionCancelled) -> Superseded:
 
 class KeyedTable:
     """The table as a mutation sent with an Idempotency-Key writes to it: its
-    first write carries the key (`Attempt.take`), so the write and the key's
+    first write that commits carries the key (`Attempt.pending`), so the write and the key's
     COMMITTED land together or not at all. A single conditional write becomes
     a transaction of two, its refusal still answered as ConditionFailed. Reads
     and batch writes (never a commit) go to the table as they are."""
@@ -148,22 +139,23 @@ class KeyedTable:
         return getattr(self._table, name)
 
     async def transact(self, ops: Sequence[WriteOp]) -> None:
-        extra = self._attempt.take() if len(ops) < MAX_TRANSACTION_ITEMS else []
+        extra = self._attempt.pending() if len(ops) < MAX_TRANSACTION_ITEMS else []
         try:
             await self._table.transact([*ops, *extra])
         except TransactionCancelled as error:
             if extra and self._attempt.lost(error):
                 raise _superseded(error) from error
-            raise
+            raise  # nothing landed: the next write (a retry of this one) carries the key
+        self._attempt.carried = self._attempt.carried or bool(extra)
 
     async def _single(self, op: WriteOp) -> None:
-        extra = self._attempt.take()
         try:
-            await self._table.transact([op, *extra])
+            await self._table.transact([op, *self._attempt.pending()])
         except TransactionCancelled as error:
             if self._attempt.lost(error):
                 raise _superseded(error) from error
             raise ConditionFailed(op_key(op)) from error
+        self._attempt.carried = True
 
     async def put(self, item: Item, condition: Condition | None = None) -> None:
         if self._attempt.carried:

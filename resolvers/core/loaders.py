@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 from aiodataloader import DataLoader, Loader, dispatch_queue
 
@@ -16,6 +16,14 @@ from store.port import Index, Item, Key, Page, SortKey, Table, Update
 _dispatching: set[asyncio.Future[None]] = set()
 K = TypeVar("K")
 V = TypeVar("V")
+
+
+class Decodable(Protocol):
+    @classmethod
+    def from_item(cls, item: Item) -> Self: ...
+
+
+D = TypeVar("D", bound=Decodable)
 
 
 class LevelLoader(DataLoader[K, V]):
@@ -89,6 +97,21 @@ class Loaders:
         # Read verdicts of this operation (resolvers.domain.access); whatever changes
         # what was loaded forgets them all, so none outlives what it read.
         self.verdicts: dict[tuple[object, ...], bool] = {}
+        # Records decoded from loaded items, by the item object: the read rule
+        # decodes a comment's content once per comment otherwise. An item the
+        # operation changes is a new object, so it is decoded anew.
+        self._decoded: dict[tuple[type, int], tuple[Item, Any]] = {}
+
+    def decoded(self, record_type: type[D], item: Item) -> D:
+        """`record_type.from_item(item)`, once per loaded item."""
+        key = (record_type, id(item))
+        found = self._decoded.get(key)
+        if found is not None and found[0] is item:
+            record: D = found[1]
+            return record
+        record = record_type.from_item(item)
+        self._decoded[key] = (item, record)  # the item kept alive: its id stays its own
+        return record
 
     async def many(self, keys: Sequence[Key]) -> list[Item | None]:
         result: list[Any] = await self.item.load_many(list(keys))

@@ -40,7 +40,8 @@ CODES = frozenset(
         "UNAVAILABLE",
     }
 )
-TRANSPORTS = frozenset({"graphql-transport-ws", "graphql-ws", "sse", "multipart"})
+# "stream": a subscriber let go by the broker (its events queue full), whatever carries it.
+TRANSPORTS = frozenset({"graphql-transport-ws", "graphql-ws", "sse", "multipart", "stream"})
 SLOW_REASONS = frozenset({"queue_full", "stalled"})
 CHANNELS = frozenset({"capsules", "notifications", "content"})
 STORE_KINDS = frozenset(
@@ -195,14 +196,15 @@ class Metrics:
 
     # GraphQL -------------------------------------------------------------------
 
-    def operation_label(self, name: str | None) -> str:
+    def operation_label(self, name: str | None, *, may_add: bool = True) -> str:
         """A bounded label for an operation name: the first `OPERATION_CAP`
-        distinct names keep theirs, later ones are "other"."""
+        distinct names keep theirs, later ones are "other"; a name not yet
+        known takes a place only when `may_add` (anyone may send any name)."""
         if not name:
             return ANONYMOUS
         if name in self._operations:
             return name
-        if len(self._operations) >= OPERATION_CAP or not _NAME.fullmatch(name):
+        if not may_add or len(self._operations) >= OPERATION_CAP or not _NAME.fullmatch(name):
             return OTHER
         self._operations.add(name)
         return name

@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from resolvers.core.errors import BadInput, PersistedQueryNotFound, PersistedQueryNotInList
+from resolvers.core.errors import BadInput, PersistedQueryNotFound, PersistedQueryNotInList, RateLimited
+from resolvers.core.ratelimit import RateLimiter
 from store import keys
 from store.items import PersistedDocument
-from store.port import Table
+from store.port import Put, Table
 
 log = logging.getLogger("mifamilias.persisted")
 
@@ -45,6 +46,8 @@ TTL = timedelta(days=30)
 # document in use never expires and is written about once a week per process.
 REFRESH_AFTER = timedelta(days=7)
 CACHE_SIZE = 1000
+# Persisted queries are queries: the largest of ours is a few kilobytes.
+MAX_DOCUMENT_CHARS = 16 * 1024
 APOLLO_FORMAT = "apollo-persisted-query-manifest"
 
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
@@ -257,6 +260,11 @@ class PersistedDocuments:
         if query:
             if sha256_hex(query) != hash_:
                 raise BadInput(MISMATCH)
+            if len(query) > MAX_DOCUMENT_CHARS:
+                raise BadInput(
+                    f"a persisted query may be at most {MAX_DOCUMENT_CHARS} characters; "
+                    "send this one without extensions.persistedQuery"
+                )
             cached = self._cached(hash_)
             if cached is not None and not self._due(cached[1]):
                 return Resolved(query)
@@ -282,15 +290,24 @@ class PersistedDocuments:
         self._remember(hash_, document.body, document.expires_at)
         return document.body, document.expires_at
 
-    async def register(self, hash_: str, query: str) -> None:
-        """Stores (or refreshes) a document whose hash was checked. A failed
-        write is logged and costs the client a PERSISTED_QUERY_NOT_FOUND later,
-        never the operation at hand."""
+    async def register(self, hash_: str, query: str, by: tuple[RateLimiter, str] | None = None) -> None:
+        """Stores (or refreshes) a document whose hash was checked; `by` (the
+        limiter and the person) counts a new one against the person's
+        `persist` limit, in the same write. A failed or refused write is logged
+        and costs the client a PERSISTED_QUERY_NOT_FOUND later, never the
+        operation at hand."""
         document = PersistedDocument(
             sha256=hash_, body=query, expires_at=self._now() + int(self.ttl.total_seconds())
         )
         try:
-            await self.table.put(document.to_item())
+            if by is None:
+                await self.table.put(document.to_item())
+            else:
+                rates, subject = by
+                await rates.counted(subject, "persist", self.clock(), [Put(document.to_item())])
+        except RateLimited:
+            log.info("not storing persisted document %s: %s has stored their most for now", hash_, by)
+            return
         except Exception:
             log.exception("could not store persisted document %s", hash_)
             return

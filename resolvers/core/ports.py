@@ -76,6 +76,21 @@ class SharedReads(Protocol):
     async def read(self, key: tuple[str, ...], load: Callable[[], Awaitable[T]]) -> T: ...
 
 
+class WebPushKey(Protocol):
+    """Web Push, to a request: the key browsers subscribe with."""
+
+    @property
+    def public_key(self) -> str: ...
+
+
+class NativePush(Protocol):
+    """Native push (SNS), to a request: a device's platform endpoint."""
+
+    async def endpoint_for(self, platform: str, token: str, user_id: str) -> str: ...
+
+    async def forget(self, arn: str) -> None: ...
+
+
 class ContextServices(Protocol):
     """The services as a `Context` (and everything below the composition)
     sees them."""
@@ -110,6 +125,10 @@ class ContextServices(Protocol):
     def metrics(self) -> Metrics: ...
     @property
     def tracer(self) -> Tracer | None: ...
+    @property
+    def web_push(self) -> WebPushKey | None: ...
+    @property
+    def native_push(self) -> NativePush | None: ...
 
     def now(self) -> datetime: ...
 

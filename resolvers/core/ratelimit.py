@@ -16,15 +16,37 @@ The defaults are generous for a real family and are set per action with
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
+import logging
 import math
-from collections.abc import Mapping, Sequence
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from resolvers.core.errors import RateLimited
 from store import keys
-from store.port import TTL_ATTRIBUTE, Compare, ConditionFailed, NotExists, Table, Update, any_of, eq
+from store.port import (
+    TTL_ATTRIBUTE,
+    Compare,
+    ConditionFailed,
+    Key,
+    NotExists,
+    Table,
+    TransactionCancelled,
+    Update,
+    WriteOp,
+    all_of,
+    any_of,
+    eq,
+)
+
+# Commits one transaction of these writes.
+Transact = Callable[[list[WriteOp]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -40,6 +62,8 @@ DEFAULT_LIMITS: Mapping[str, Limit] = {
     "capsule": Limit(30, 3600),
     # Data exports: each reads everything a person has and copies their media.
     "export": Limit(3, 24 * 3600),
+    # Persisted queries one person stores (a client has a few fixed documents).
+    "persist": Limit(200, 24 * 3600),
     # Wrong invite codes from one client address, whoever is signed in.
     "join-address": Limit(30, 600),
 }
@@ -64,10 +88,22 @@ def parse_limits(text: str | None) -> dict[str, Limit]:
     return limits
 
 
+log = logging.getLogger("mifamilias.limits")
+
+
 class RateLimiter:
-    def __init__(self, table: Table, limits: Mapping[str, Limit]) -> None:
+    def __init__(
+        self,
+        table: Table,
+        limits: Mapping[str, Limit],
+        *,
+        cost_budget: int = 0,
+        streams_per_person: int = 50,
+    ) -> None:
         self.table = table
         self.limits = limits
+        self.budget = CostBudget(table, cost_budget)
+        self.streams = StreamSlots(table, streams_per_person)
 
     def _window(self, action: str, now: datetime) -> tuple[Limit, int, float] | None:
         limit = self.limits.get(action)
@@ -87,31 +123,72 @@ class RateLimiter:
         item = await self.table.get(keys.rate(subject, action))
         seen = int(item["window"]) if item is not None and "window" in item else None
         if seen == window and item is not None and int(item.get("count", 0)) >= limit.count:
-            retry_after = max(1, math.ceil(window + limit.seconds - moment))
-            raise RateLimited(
-                f"too many at once ({limit.count} per {_span(limit.seconds)}); try again in {retry_after} s",
-                retryAfter=retry_after,
-            )
+            raise _refusal(limit, window, moment)
         return seen
 
-    async def count(self, subject: str, action: str, now: datetime, seen: int | None = None) -> None:
-        """Counts one `action` that happened; it runs beside the operation's
-        write, so only what was done is counted, at no extra round trip. The
-        write the check's reading calls for goes first (one write, as a rule)."""
-        found = self._window(action, now)
-        if found is None:
-            return
-        limit, window, _ = found
+    def _updates(self, subject: str, action: str, limit: Limit, window: int) -> tuple[Update, Update]:
+        """The two writes that count one more: in this window while it has room,
+        or starting this window (no counter yet, or one of an older window)."""
         key = keys.rate(subject, action)
-        add = Update(key, add={"count": 1}, condition=eq("window", window))
-        # No counter yet, or one of an older window: start this one. It means
-        # nothing once its window is over, so DynamoDB's TTL may delete it then
-        # (one counter per client address would otherwise pile up for ever).
+        add = Update(
+            key,
+            add={"count": 1},
+            condition=all_of(eq("window", window), Compare("count", "<", limit.count)),
+        )
+        # A counter means nothing once its window is over, so DynamoDB's TTL may
+        # delete it then (one counter per client address would otherwise pile up).
         start = Update(
             key,
             set={"window": window, "count": 1, TTL_ATTRIBUTE: window + limit.seconds},
             condition=any_of(NotExists(), Compare("window", "<", window)),
         )
+        return add, start
+
+    async def counted(
+        self,
+        subject: str,
+        action: str,
+        now: datetime,
+        ops: Sequence[WriteOp],
+        seen: int | None = None,
+        transact: Transact | None = None,
+    ) -> None:
+        """Runs the transaction `ops` with one more `action` counted in it, under
+        the condition that the window has room: RATE_LIMITED when it has none,
+        and then nothing of `ops` is written either. `transact` commits the
+        writes (the table's own by default; a writer that adds writes of its
+        own to the same transaction, such as the notifications')."""
+        transact = transact or self.table.transact
+        found = self._window(action, now)
+        if found is None:
+            await transact(list(ops))
+            return
+        limit, window, moment = found
+        key = keys.rate(subject, action)
+        add, start = self._updates(subject, action, limit, window)
+        order = (add, start) if seen == window else (start, add)
+        for _ in range(ATTEMPTS):
+            for update in order:
+                try:
+                    await transact([*ops, update])
+                    return
+                except TransactionCancelled as error:
+                    if not error.failed_on(key):
+                        raise  # one of the operation's own conditions
+            item = await self.table.get(key)
+            if item is not None and item.get("window") == window and int(item.get("count", 0)) >= limit.count:
+                raise _refusal(limit, window, moment)
+        raise _refusal(limit, window, moment)  # others kept taking the room meanwhile
+
+    async def count(self, subject: str, action: str, now: datetime, seen: int | None = None) -> None:
+        """Counts one `action` that happened with no write of its own (a wrong
+        invite code), while the window has room; a full window stays full. The
+        write the check's reading calls for goes first (one write, as a rule)."""
+        found = self._window(action, now)
+        if found is None:
+            return
+        limit, window, _ = found
+        add, start = self._updates(subject, action, limit, window)
         order = (add, start) if seen == window else (start, add)
         for _ in range(ATTEMPTS):
             for update in order:
@@ -120,6 +197,203 @@ class RateLimiter:
                     return
                 except ConditionFailed:
                     continue  # another process moved it meanwhile: the other write fits
+
+
+# The cost budget ------------------------------------------------------------------
+
+BUDGET_SECONDS = 60
+
+
+@dataclass(frozen=True)
+class BudgetState:
+    """GitHub's `rateLimit`: what this charge cost, what is left of the
+    minute's points and when they come back (seconds since the epoch)."""
+
+    limit: int
+    cost: int
+    used: int
+    reset_at: int
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.limit - self.used)
+
+    def extensions(self) -> dict[str, object]:
+        return {
+            "limit": self.limit,
+            "cost": self.cost,
+            "used": self.used,
+            "remaining": self.remaining,
+            "resetAt": datetime.fromtimestamp(self.reset_at, UTC).isoformat(),
+        }
+
+
+class CostBudget:
+    """Cost points a person may spend a minute, across every operation and
+    every subscription event delivered to them, shared by every process: one
+    counter item per person and minute, charged under the condition that the
+    points fit (so processes racing cannot overspend it)."""
+
+    def __init__(self, table: Table, points: int) -> None:
+        self.table = table
+        self.points = points
+
+    @property
+    def enabled(self) -> bool:
+        return self.points > 0
+
+    async def charge(self, subject: str, cost: int, now: datetime) -> BudgetState | None:
+        """Spends `cost` points of `subject`'s minute; RATE_LIMITED with
+        `retryAfter` and `rateLimit` (the budget's state) when they do not fit.
+        None when there is no budget."""
+        if not self.enabled:
+            return None
+        moment = now.timestamp()
+        window = int(moment // BUDGET_SECONDS * BUDGET_SECONDS)
+        reset_at = window + BUDGET_SECONDS
+        key = keys.rate(subject, "cost")
+        add = Update(
+            key,
+            add={"count": cost},
+            condition=all_of(eq("window", window), Compare("count", "<=", self.points - cost)),
+        )
+        start = Update(
+            key,
+            set={"window": window, "count": cost, TTL_ATTRIBUTE: reset_at},
+            condition=any_of(NotExists(), Compare("window", "<", window)),
+        )
+        if cost <= self.points:
+            for _ in range(ATTEMPTS):
+                for update in (add, start):
+                    try:
+                        item = await self.table.update(update)
+                    except ConditionFailed:
+                        continue
+                    return BudgetState(self.points, cost, int(item["count"]), reset_at)
+                state = await self.state(subject, now)
+                if state.used + cost > self.points:
+                    break
+        state = await self.state(subject, now)
+        retry_after = max(1, math.ceil(reset_at - moment))
+        raise RateLimited(
+            f"this costs {cost} points and {state.remaining} of your {self.points} a minute are left; "
+            f"try again in {retry_after} s",
+            retryAfter=retry_after,
+            rateLimit={**BudgetState(self.points, cost, state.used, reset_at).extensions()},
+        )
+
+    async def state(self, subject: str, now: datetime) -> BudgetState:
+        moment = now.timestamp()
+        window = int(moment // BUDGET_SECONDS * BUDGET_SECONDS)
+        item = await self.table.get(keys.rate(subject, "cost"))
+        used = int(item.get("count", 0)) if item is not None and item.get("window") == window else 0
+        return BudgetState(self.points, 0, used, window + BUDGET_SECONDS)
+
+
+# Live subscriptions at once --------------------------------------------------------
+
+STREAM_LEASE_SECONDS = 60.0
+PROBES = 3
+
+
+class StreamSlots:
+    """At most `per_person` live subscriptions per person, across every
+    connection, transport and process.
+
+    A person has `per_person` slots in the table; a subscription holds one as
+    a lease (its owner and an expiry), renewed by its process while it lives
+    and deleted when it ends. A process that dies holds nothing past one lease:
+    a slot whose lease ran out is free again. Taking a slot is a conditional
+    write (free, or its lease over), so two processes never hold the same one."""
+
+    def __init__(self, table: Table, per_person: int, lease_seconds: float = STREAM_LEASE_SECONDS) -> None:
+        self.table = table
+        self.per_person = per_person
+        self.lease_seconds = lease_seconds
+        self.held: dict[Key, str] = {}
+        self._renewing: asyncio.Task[None] | None = None
+
+    async def hold(self, subject: str) -> Key:
+        """A slot for one more subscription of `subject`; RATE_LIMITED when
+        every slot is held. A few slots picked at random are tried first (a
+        person holds a handful, so the first is free as a rule: one write);
+        then the person's slots are read and the free ones tried."""
+        owner = uuid.uuid4().hex
+        for slot in random.sample(range(self.per_person), min(PROBES, self.per_person)):
+            if await self._claim(keys.stream_slot(subject, slot), owner):
+                return keys.stream_slot(subject, slot)
+        now = time.time()
+        page = await self.table.query(keys.stream_slots_pk(subject), limit=self.per_person)
+        taken = {str(item["SK"]) for item in page.items if float(item.get(TTL_ATTRIBUTE, 0)) > now}
+        for slot in range(self.per_person):
+            key = keys.stream_slot(subject, slot)
+            if key[1] not in taken and await self._claim(key, owner):
+                return key
+        raise RateLimited(
+            f"you have {self.per_person} live subscriptions open, the most there may be; "
+            "end one before starting another",
+            limit=self.per_person,
+        )
+
+    async def _claim(self, key: Key, owner: str) -> bool:
+        """Takes the slot if it is free or its lease ran out (a conditional write)."""
+        now = time.time()
+        claim = Update(
+            key,
+            set={"owner": owner, TTL_ATTRIBUTE: int(now + self.lease_seconds) + 1},
+            condition=any_of(NotExists(), Compare(TTL_ATTRIBUTE, "<", int(now))),
+        )
+        try:
+            await self.table.update(claim)
+        except ConditionFailed:
+            return False  # held by another subscription
+        self.held[key] = owner
+        self._renew_while_held()
+        return True
+
+    async def release(self, key: Key) -> None:
+        owner = self.held.pop(key, None)
+        if owner is None:
+            return
+        with contextlib.suppress(ConditionFailed):
+            await self.table.delete(key, eq("owner", owner))
+
+    def _renew_while_held(self) -> None:
+        if self._renewing is None or self._renewing.done():
+            self._renewing = asyncio.create_task(self._renew())
+
+    async def _renew(self) -> None:
+        while self.held:
+            await asyncio.sleep(self.lease_seconds / 3)
+            expires = int(time.time() + self.lease_seconds) + 1
+            for n, (key, owner) in enumerate(list(self.held.items())):
+                if n % 100 == 99:
+                    await asyncio.sleep(0)  # an engine that answers at once still lets requests in
+                try:
+                    await self.table.update(
+                        Update(key, set={TTL_ATTRIBUTE: expires}, condition=eq("owner", owner))
+                    )
+                except ConditionFailed:
+                    self.held.pop(key, None)  # it ran out and was taken: not ours to renew
+                except Exception:
+                    log.exception("could not renew a subscription's slot")
+
+    async def stop(self) -> None:
+        if self._renewing is not None:
+            self._renewing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewing
+        for key in list(self.held):
+            with contextlib.suppress(Exception):
+                await self.release(key)
+
+
+def _refusal(limit: Limit, window: int, moment: float) -> RateLimited:
+    retry_after = max(1, math.ceil(window + limit.seconds - moment))
+    return RateLimited(
+        f"too many at once ({limit.count} per {_span(limit.seconds)}); try again in {retry_after} s",
+        retryAfter=retry_after,
+    )
 
 
 def _span(seconds: int) -> str:

@@ -6,8 +6,14 @@ it nor break what it is stored in, so it refuses:
 - C0 and C1 control characters (a newline is allowed in comment bodies);
 - bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069),
   which reorder what a reader sees;
-- zero-width and invisible characters, except a zero-width joiner or variation
-  selector inside an emoji sequence (a family emoji, a flag, a skin tone).
+- line and paragraph separators (U+2028, U+2029), which break a line where
+  the text shows none, and the interlinear annotation characters
+  (U+FFF9-U+FFFB), which hide text;
+- zero-width and invisible characters, tag characters (U+E0000-U+E007F)
+  included, except a zero-width joiner, variation selector or tag inside an
+  emoji sequence (a family emoji, a flag, a skin tone).
+Left-to-right and right-to-left marks (U+200E, U+200F, U+061C) stay allowed:
+names written right to left need them.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from store import keys
 MAX_SUBJECT = 128
 
 BIDI_CONTROLS = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A))
+# Refused anywhere: line and paragraph separators, interlinear annotations.
+HIDDEN_BREAKS = frozenset({0x2028, 0x2029, 0xFFF9, 0xFFFA, 0xFFFB})
 # Invisible characters that render as nothing: zero-width space, non-joiner and
 # joiner, word joiner and invisible operators, the deprecated format controls,
 # the byte-order mark, the Mongolian vowel separator, variation selectors and
@@ -34,6 +42,8 @@ INVISIBLE = (
     | frozenset(range(0x206A, 0x2070))
     | frozenset(range(0xFE00, 0xFE10))
     | frozenset(range(0xE0100, 0xE01F0))
+    # Tag characters: they spell a subdivision flag inside an emoji, nothing outside.
+    | frozenset(range(0xE0000, 0xE0080))
 )
 
 # RFC 6838, section 4.2: type-name "/" subtype-name, each a restricted-name.
@@ -71,6 +81,8 @@ def display_problem(text: str, *, multiline: bool = False) -> str | None:
             return "must not contain lone surrogates"
         if cp in BIDI_CONTROLS:
             return "must not contain bidirectional override or isolate characters"
+        if cp in HIDDEN_BREAKS:
+            return "must not contain line separators or interlinear annotation characters"
         if cp in INVISIBLE:
             if spans is None:
                 spans = _emoji_spans(text)

@@ -11,10 +11,10 @@ comments and tags are nobody's to read (the family item names them,
 `Family.departing`), not only once the deletion reaches them.
 
 Every resolver that fetches records asks `may_read` (or `readable` for a list),
-and `schema.guard.ReadGuard` asks it again before any field of a record-backed
-object resolves, so a new field or a new path cannot forget the rule. Verdicts
-are cached per operation beside the loaders, and the memberships they need are
-point reads that join the loaders' batches.
+and `schema.guard.GuardedExecutionContext` asks it again where a record becomes
+a GraphQL object (once per object), so a new field or a new path cannot forget
+the rule. Verdicts are cached per operation beside the loaders, and the
+memberships they need are point reads that join the loaders' batches.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ async def membership(ctx: Context, family_id: str, *, with_family: bool = False)
         return None
     also = (keys.family(family_id),) if with_family else ()
     item = await ctx.loaders.load_with(keys.member(family_id, viewer), *also)
-    return Membership.from_item(item) if item else None
+    return ctx.loaders.decoded(Membership, item) if item else None
 
 
 async def reader(ctx: Context, family_id: str) -> Membership | None:
@@ -148,25 +148,38 @@ def capsule_role_allows(capsule: Capsule, viewer: str) -> bool:
     return viewer in capsule.recipient_ids and capsule.status in VISIBLE_TO_RECIPIENTS
 
 
+def capsule_readable(capsule: Capsule, viewer: str, membership: Membership | None) -> bool:
+    """The whole rule for a capsule, given the viewer's membership of its
+    family now (what `may_read` decides, for a caller without a request, such
+    as an export's build)."""
+    return (
+        capsule_role_allows(capsule, viewer)
+        and membership is not None
+        and membership.family_id == capsule.family_id
+        and membership.user_id == viewer
+        and membership.role in READERS
+    )
+
+
 async def load_content(ctx: Context, content_id: str) -> Content | None:
     if not keys.usable_id(content_id):
         return None
     item = await ctx.loaders.item.load(keys.content(content_id))
-    return Content.from_item(item) if item else None
+    return ctx.loaders.decoded(Content, item) if item else None
 
 
 async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
     if not keys.usable_id(capsule_id):
         return None
     item = await ctx.loaders.item.load(keys.capsule(capsule_id))
-    return Capsule.from_item(item) if item else None
+    return ctx.loaders.decoded(Capsule, item) if item else None
 
 
 async def load_family(ctx: Context, family_id: str) -> Family | None:
     if not keys.usable_id(family_id):
         return None
     item = await ctx.loaders.item.load(keys.family(family_id))
-    return Family.from_item(item) if item else None
+    return ctx.loaders.decoded(Family, item) if item else None
 
 
 async def departing(ctx: Context, family_id: str, author_id: str) -> bool:
@@ -197,7 +210,7 @@ async def _decide(ctx: Context, record: GuardedRecord) -> bool:
         )
         return found is not None and not leaving
     if isinstance(record, Capsule):
-        return capsule_role_allows(record, viewer) and await reader(ctx, record.family_id) is not None
+        return capsule_readable(record, viewer, await membership(ctx, record.family_id, with_family=True))
     if isinstance(record, Recipient):
         capsule = await load_capsule(ctx, record.capsule_id)
         return capsule is not None and await may_read(ctx, capsule)

@@ -557,8 +557,7 @@ async def purge_content(ctx: Context, content: Content) -> None:
     tags (markers adjusted) and the item. The item goes last but one, so a run
     that stops before it finds the content again in the feed; what arrives
     between (a comment racing the delete) is swept right after."""
-    blobs = [k for k in (content.s3_key, content.media_key, content.thumbnail_key) if k]
-    await ctx.services.blobs.delete(blobs)
+    await ctx.services.blobs.delete(content.blob_keys())
     await _delete_children(ctx, content)
     for _ in range(ATTEMPTS):
         tag_ops = await tags.cleanup_ops(ctx, content)

@@ -137,20 +137,23 @@ async def create_capsule(
         recipient_ids=tuple(wanted),
     )
     people = [Put(Recipient(capsule.id, user, unlock, family_id).to_item(), NotExists()) for user in wanted]
-    head, rest = _split(people)
+    # Beside the capsule's put, its transaction holds the rate count and,
+    # with an Idempotency-Key, the key.
+    head, rest = _split(people, beside=3)
     # Recipients past the first transaction's room go first: without their
     # capsule they are invisible, and the capsule's own put is the commit.
     await _in_transactions(ctx.table, rest)
     puts = [Put(capsule.to_item(shards(ctx)), NotExists()), *head]
-    await ctx.counted("capsule", ctx.table.transact(puts))
+    await ctx.counted("capsule", puts)
     for put in (*puts, *rest):  # the answer shows what was written without reading it again
         ctx.loaders.remember(put.item)
     return capsule
 
 
-def _split(ops: list[W]) -> tuple[list[W], list[W]]:
-    """What fits beside the capsule's own write in one transaction, and the rest."""
-    return ops[: TRANSACTION_ITEMS - 1], ops[TRANSACTION_ITEMS - 1 :]
+def _split(ops: list[W], beside: int = 1) -> tuple[list[W], list[W]]:
+    """What fits beside `beside` other writes (the capsule's own, say) in one
+    transaction, and the rest."""
+    return ops[: TRANSACTION_ITEMS - beside], ops[TRANSACTION_ITEMS - beside :]
 
 
 async def _in_transactions(table: Table, ops: Sequence[WriteOp]) -> None:

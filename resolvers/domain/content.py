@@ -21,14 +21,13 @@ from resolvers.core.validation import clean_mime_type, clean_optional, clean_tex
 from resolvers.domain import access, families, notifications, tags
 from store import keys
 from store.blobs import BlobNotFound, BlobStore, Part, PartsChanged
-from store.enums import CapsuleStatus, ContentStatus, ContentType, NotificationType, Role
+from store.enums import CapsuleStatus, ContentStatus, ContentType, Role
 from store.items import (
     IN_PIPELINE,
     Capsule,
     Comment,
     Content,
     Membership,
-    Notification,
     Reaction,
     iso,
     reaction_attr,
@@ -106,7 +105,9 @@ async def _readable_within_rate(ctx: Context, content_id: str, action: str) -> t
 async def media_url(ctx: Context, content: Content, which: str) -> str | None:
     if content.status not in (ContentStatus.READY, ContentStatus.DELIVERED):
         return None
-    key = content.media_key if which == "media" else content.thumbnail_key
+    key = {"media": content.media_key, "thumbnail": content.thumbnail_key, "captions": content.captions_key}[
+        which
+    ]
     if key is None:
         return None
     return await blobs_of(ctx).download_url(key, expires_in=MEDIA_URL_SECONDS)
@@ -273,7 +274,7 @@ async def create_upload(
             )
         )
     try:
-        await ctx.counted("upload", ctx.table.transact(ops))
+        await ctx.counted("upload", ops)
     except TransactionCancelled as error:
         if content.upload_id is not None:
             await blobs.abort_multipart(original_key(content), content.upload_id)
@@ -431,7 +432,8 @@ async def _to_pipeline(ctx: Context, content: Content) -> None:
 
 async def retry_content(ctx: Context, content_id: str) -> Content:
     """FAILED content, or content whose processing stopped (its worker's lease
-    ran out with nobody picking it up), goes back to PROCESSING."""
+    ran out with nobody picking it up), goes back to PROCESSING; READY content
+    whose transcription failed goes back to TRANSCRIBING."""
     content = await _own_content(ctx, content_id)
     now = ctx.services.now_iso()
     move = content.transition(
@@ -444,8 +446,14 @@ async def retry_content(ctx: Context, content_id: str) -> Content:
             raise Conflict(f"the content is being processed (status {content.status}); wait for it")
         # Only while the lease is still the expired one read here.
         move = replace(move, condition=all_of(eq("status", content.status), eq("leaseUntil", lease)))
+    elif content.status == ContentStatus.READY and content.transcription_failure:
+        # Only the transcription failed: that step alone runs again.
+        move = content.transition(ContentStatus.TRANSCRIBING, now, leaseUntil=None, leaseOwner=None)
     elif content.status != ContentStatus.FAILED:
-        raise Conflict(f"only FAILED or stalled content can be retried (status {content.status})")
+        raise Conflict(
+            "only FAILED or stalled content, or READY content whose transcription failed, "
+            f"can be retried (status {content.status})"
+        )
     try:
         item = await ctx.table.update(move)
     except ConditionFailed as error:
@@ -492,6 +500,13 @@ async def mark_viewed(ctx: Context, content_id: str) -> Content:
     return delivered
 
 
+async def _capsule_gave_up(ctx: Context, content: Content) -> bool:
+    """Whether sealed content has no capsule left to open it: the capsule was
+    cancelled (or is gone), so its author may delete it."""
+    capsule = await access.load_capsule(ctx, content.capsule_id) if content.capsule_id else None
+    return capsule is None or capsule.status == CapsuleStatus.CANCELLED
+
+
 async def delete_content(ctx: Context, content_id: str) -> bool:
     found = await load_content(ctx, content_id)
     if found is None:
@@ -503,7 +518,7 @@ async def delete_content(ctx: Context, content_id: str) -> bool:
     )
     if content.author_id != membership.user_id and membership.role != Role.ADMIN:
         raise Forbidden("only the author or an ADMIN can delete this content")
-    if is_sealed(content):
+    if is_sealed(content) and not await _capsule_gave_up(ctx, content):
         raise Conflict("sealed capsule content cannot be deleted")
     summary = next((i for i in children.items if (i["PK"], i["SK"]) == keys.content_tags(content.id)), None)
     ops: list[WriteOp] = [Delete(content.key, Exists()), *await tags.cleanup_ops(ctx, content, summary)]
@@ -518,7 +533,7 @@ async def delete_content(ctx: Context, content_id: str) -> bool:
         raise not_found("content") from error
     if rest[room:]:
         await ctx.table.batch_write(deletes=rest[room:])
-    await blobs_of(ctx).delete([k for k in (content.s3_key, content.media_key, content.thumbnail_key) if k])
+    await blobs_of(ctx).delete(content.blob_keys())
     if content.upload_id is not None and content.status == ContentStatus.UPLOADING:
         await blobs_of(ctx).abort_multipart(original_key(content), content.upload_id)
     ctx.loaders.forget(content.key)
@@ -567,40 +582,37 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
     _, content = await asyncio.gather(ctx.check_rate("comment"), load_content(ctx, content_id))
     if content is not None:
         # Whether the content's author still reads the family (someone who left
-        # hears nothing more of it), asked for beside the viewer's membership.
+        # hears nothing more of it), and the author's unread epoch, asked for
+        # beside the viewer's membership.
         ctx.loaders.ask(keys.member(content.family_id, content.author_id))
+        ctx.loaders.ask(*notifications.reads_for_user(content.author_id))
     content, membership = await readable_content(ctx, content_id)
     author = await ctx.loaders.item.load(keys.member(content.family_id, content.author_id))
     moment = ctx.services.now()
     comment = Comment(content.id, new_comment_id(moment), membership.user_id, text, iso(moment))
     count = Update(content.key, add={"commentCount": 1}, condition=Exists())
     ops: list[WriteOp] = [Put(comment.to_item(), NotExists()), count]
-    notes: list[Notification] = []
-    if (
+    tell = (
         content.author_id != membership.user_id
         and author is not None
         and author.get("role") in access.READERS
-    ):
-        notes.append(
-            Notification(
-                user_id=content.author_id,
-                id=notifications.notification_id(NotificationType.NEW_COMMENT, comment.id, content.author_id),
-                type=NotificationType.NEW_COMMENT,
-                created_at=comment.created_at,
-                family_id=content.family_id,
-                content_id=content.id,
-            )
-        )
-        # In the comment's own transaction: its id is new, so the note is too.
-        ops += [Put(note.to_item(), NotExists()) for note in notes]
+    )
+    notes = notifications.comment_notes(content, comment.id, comment.created_at, tell)
+    counters = await ctx.loaders.many(notifications.reads_for(notes))
+    prepared = notifications.prepared_from(
+        notes, dict(zip(notifications.reads_for(notes), counters, strict=True))
+    )
     before = await ctx.loaders.item.load(content.key)  # read by the rule: no round trip
     try:
-        # With an Idempotency-Key, the key lands with the comment or neither does (ctx.table).
-        await ctx.counted("comment", ctx.table.transact(ops))
+        # In the comment's own transaction (with its count, and its key through
+        # ctx.table): its id is new, so the note is too.
+        async def commit(batch: list[WriteOp]) -> None:
+            await notifications.write(ctx.table, broker_of(ctx), notes, prepared=prepared, beside=batch)
+
+        await ctx.counted("comment", ops, transact=commit)
     except TransactionCancelled as error:
         raise not_found("content") from error
     ctx.loaders.written([before], [count])
-    await notifications.announce(broker_of(ctx), notes)
     return comment
 
 
@@ -650,7 +662,7 @@ async def add_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
         Update(keys.reactor(content.id, membership.user_id), set={REACTOR_ATTR + emoji: True}),
     ]
     try:
-        await ctx.counted("reaction", ctx.table.transact([Put(reaction.to_item(), NotExists()), *updates]))
+        await ctx.counted("reaction", [Put(reaction.to_item(), NotExists()), *updates])
     except TransactionCancelled as error:
         if not error.failed_on(reaction.key):
             raise not_found("content") from error
@@ -667,7 +679,7 @@ async def remove_reaction(ctx: Context, content_id: str, emoji: str) -> Content:
         Update(keys.reactor(content.id, membership.user_id), remove=[REACTOR_ATTR + emoji]),
     ]
     try:
-        await ctx.counted("reaction", ctx.table.transact([Delete(key, Exists()), *updates]))
+        await ctx.counted("reaction", [Delete(key, Exists()), *updates])
     except TransactionCancelled as error:
         if not error.failed_on(key):
             raise not_found("content") from error

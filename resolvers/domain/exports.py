@@ -5,7 +5,8 @@ An export is a zip: `mifamilias.json` (the profile, memberships, the person's
 content with its metadata and transcripts, their comments, reactions and tags,
 the capsules they created and those they received that have opened, and their
 notifications) and `media/<contentId>/original.<ext>` for each content of
-theirs whose original is stored. It is written to a temporary file, each media
+theirs whose original is stored, with `media/<contentId>/captions.vtt` beside it
+when it has a transcription. It is written to a temporary file, each media
 file copied into it a chunk at a time, and the file is then stored in the blob
 store, so the memory it takes does not grow with the media.
 
@@ -33,7 +34,7 @@ from typing import Any
 from resolvers.core import leases
 from resolvers.core.context import Context
 from resolvers.core.errors import not_found
-from resolvers.domain import footprint, notifications
+from resolvers.domain import access, footprint, notifications
 from resolvers.domain.access import OPEN
 from store import keys
 from store.blobs import BlobNotFound, BlobStore
@@ -45,6 +46,7 @@ from store.port import (
     Exists,
     Item,
     NotExists,
+    Put,
     SortKey,
     Table,
     Update,
@@ -77,7 +79,7 @@ async def request_export(ctx: Context) -> DataExport:
         requested_at=iso(now),
         expires_at=_ttl(now + timedelta(days=EXPORT_DAYS)),
     )
-    await ctx.counted("export", ctx.table.put(export.to_item(), NotExists()))
+    await ctx.counted("export", [Put(export.to_item(), NotExists())])
     ctx.services.exports.submit(viewer, export.id)
     return export
 
@@ -166,8 +168,10 @@ async def build(
     archive = workdir / "export.zip"
     with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zipped:
         files = await _media(blobs, zipped, own, workdir)
+        captions = await _captions(blobs, zipped, own, workdir)
         for entry in document["content"]:
             entry["file"] = files.get(entry["id"])
+            entry["captionsFile"] = captions.get(entry["id"])
         text = json.dumps(document, ensure_ascii=False, indent=2, sort_keys=True)
         await asyncio.to_thread(zipped.writestr, DOCUMENT, text)
     # Each attempt writes its own file, so a build that lost its lease never
@@ -225,6 +229,26 @@ async def _media(
     return files
 
 
+async def _captions(
+    blobs: BlobStore, zipped: zipfile.ZipFile, own: list[Content], workdir: Path
+) -> dict[str, str]:
+    """Each transcription's captions, as `media/<contentId>/captions.vtt`."""
+    files: dict[str, str] = {}
+    scratch = workdir / "captions.vtt"
+    for content in own:
+        if not content.captions_key:
+            continue
+        try:
+            await blobs.fetch_to_file(content.captions_key, scratch)
+        except BlobNotFound:
+            continue
+        name = f"media/{content.id}/captions.vtt"
+        await asyncio.to_thread(_copy_into, zipped, name, scratch, content.ready_at or content.created_at)
+        scratch.unlink(missing_ok=True)
+        files[content.id] = name
+    return files
+
+
 # What the document holds ---------------------------------------------------------------
 
 
@@ -264,8 +288,14 @@ async def collect(table: Table, user_id: str, now_iso: str) -> tuple[dict[str, A
     opened = []
     for recipient in received:
         item = opened_items.get(keys.capsule(recipient.capsule_id))
-        if item is not None and item.get("status") in OPEN:
-            opened.append(_received(Capsule.from_item(item), recipient.viewed_at))
+        if item is None or item.get("status") not in OPEN:
+            continue
+        # What the person may read now: not a capsule of a family they left.
+        opening = Capsule.from_item(item)
+        member_item = found.get(keys.member(opening.family_id, user_id))
+        member = Membership.from_item(member_item) if member_item is not None else None
+        if access.capsule_readable(opening, user_id, member):
+            opened.append(_received(opening, recipient.viewed_at))
 
     # Read as the API shows them: a "mark everything read" since counts.
     epoch = await notifications.epoch_of(table, user_id)
@@ -353,6 +383,7 @@ def _content(content: Content) -> dict[str, Any]:
         "capturedAt": content.captured_at,
         "capsuleId": content.capsule_id,
         "transcription": content.transcription,
+        "transcriptLanguage": content.transcript_language,
         "commentCount": content.comment_count,
         "reactions": dict(sorted(content.reactions.items())),
         "file": None,

@@ -411,7 +411,7 @@ async def join_family(ctx: Context, invite_code: str) -> Membership:
     try:
         # The addressees' unread epochs are read beside the join's write; the
         # notes are written once it has committed.
-        _, prepared = await asyncio.gather(join, notifications.creation_ops(ctx.table, notes))
+        _, prepared = await asyncio.gather(join, notifications.prepare(ctx.table, notes))
     except TransactionCancelled as error:
         if error.failed_on(membership.key) or error.failed_on(keys.user_family(viewer, family.id)):
             raise Conflict("you are already in this family") from error
@@ -428,7 +428,7 @@ async def join_family(ctx: Context, invite_code: str) -> Membership:
             raise Conflict(f"this family is full: a family has at most {MAX_MEMBERS} members") from error
         raise BadInput("that invite code is not valid; check it with the family's admin") from error
     ctx.loaders.remember(membership.to_item())
-    await notifications.write_prepared(ctx.table, notifications.broker_of(ctx), notes, prepared)
+    await notifications.write(ctx.table, notifications.broker_of(ctx), notes, prepared=prepared)
     return membership
 
 
@@ -538,13 +538,11 @@ async def approve_member(ctx: Context, family_id: str, user_id: str) -> Membersh
     try:
         # The addressees' unread epochs are read beside the write; they are told
         # once it has committed.
-        _, prepared = await asyncio.gather(
-            ctx.table.transact(admit), notifications.creation_ops(ctx.table, notes)
-        )
+        _, prepared = await asyncio.gather(ctx.table.transact(admit), notifications.prepare(ctx.table, notes))
     except TransactionCancelled as error:
         raise Conflict("that member is not pending") from error
     ctx.loaders.forget(target.key)
-    await notifications.write_prepared(ctx.table, notifications.broker_of(ctx), notes, prepared)
+    await notifications.write(ctx.table, notifications.broker_of(ctx), notes, prepared=prepared)
     return updated
 
 

@@ -26,17 +26,17 @@ import asyncio
 import dataclasses
 import hashlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from resolvers.adapters.broker import publish_committed, user_channel
 from resolvers.core.context import Context
 from resolvers.core.errors import Conflict
 from resolvers.core.pagination import ItemPage, filtered_page
-from resolvers.core.ports import EventBus
+from resolvers.core.ports import Event, EventBus
 from store import keys
 from store.enums import NotificationType, Role, TrustLevel
-from store.items import Content, Family, Membership, Notification, UnreadCounter
+from store.items import Capsule, Content, Family, Membership, Notification, UnreadCounter
 from store.port import (
     MAX_TRANSACTION_ITEMS,
     ConditionFailed,
@@ -53,6 +53,7 @@ from store.port import (
     all_of,
     eq,
     every_item,
+    op_key,
 )
 
 # Tries of a write whose epoch moved under it (a "mark everything read" between
@@ -138,6 +139,12 @@ async def epoch_of(table: Table, user_id: str) -> int:
 
 
 # Writing ---------------------------------------------------------------------------
+#
+# `write` is the only function that stores a notification: it stamps each note
+# with its addressee's epoch, counts it unread in the same transaction, and
+# announces it. The notes themselves are built here too, one builder per kind,
+# so the next kind of notification goes through the same rule or nowhere
+# (`tests/test_layers.py` checks that no other module builds one).
 
 
 def notification_id(*parts: str) -> str:
@@ -150,69 +157,154 @@ def broker_of(ctx: Context) -> EventBus | None:
     return ctx.services.broker
 
 
-async def announce(broker: EventBus | None, notes: Sequence[Notification]) -> None:
-    """After the notes are committed: best effort (`publish_committed`)."""
-    await publish_committed(
-        broker,
-        [
-            (
-                user_channel(note.user_id, "notifications"),
-                {"kind": "notification", "userId": note.user_id, "createdAt": note.created_at, "id": note.id},
-            )
-            for note in notes
-        ],
+def channel(user_id: str) -> str:
+    """Where a person's notifications are announced."""
+    return user_channel(user_id, "notifications")
+
+
+def announcement(user_id: str, created_at: str, note_id: str) -> tuple[str, Event]:
+    """The event that tells a person's streams of a note (the one shape of it)."""
+    return (
+        channel(user_id),
+        {"kind": "notification", "userId": user_id, "createdAt": created_at, "id": note_id},
     )
 
 
-async def write(table: Table, broker: EventBus | None, notes: Sequence[Notification]) -> None:
-    """Writes each note once (a replay finds it there and stays quiet)."""
-    await announce(broker, await store(table, notes))
+# Where the push workers of every process hear of notes to push (they are in the
+# push outbox already; this only saves waiting for the next recovery scan).
+PUSH_CHANNEL = "push:outbox"
 
 
-async def store(table: Table, notes: Sequence[Notification]) -> list[Notification]:
-    """Writes each note once, counted unread in the same transaction, and
-    returns those written now (a replay finds its note there and counts
-    nothing): a batch get and one transaction per `WRITTEN_PER_TRANSACTION`."""
+def push_wake(notes: Sequence[tuple[str, str, str]]) -> tuple[str, Event]:
+    """The event that tells the push workers of new notes, each (user, createdAt, id)."""
+    return (PUSH_CHANNEL, {"kind": "push", "notes": [list(note) for note in notes]})
+
+
+async def _announce(broker: EventBus | None, notes: Sequence[Notification]) -> None:
+    """After the notes are committed: best effort (`publish_committed`)."""
+    events = [announcement(n.user_id, n.created_at, n.id) for n in notes]
+    pushed = [(n.user_id, n.created_at, n.id) for n in notes if n.push_pending]
+    if pushed:
+        events.append(push_wake(pushed))
+    await publish_committed(broker, events)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What `write` reads before its transaction: each addressee's first
+    counter, who of them has push devices, and which of the notes are not
+    written yet."""
+
+    fresh: list[Notification]
+    counters: dict[str, UnreadCounter]
+    with_devices: frozenset[str] = frozenset()
+
+
+def reads_for(notes: Sequence[Notification]) -> list[Key]:
+    """What `prepared_from` needs, for a caller to read it in a batch of its
+    own (for new notes only: their ids are new, so they are not there): each
+    addressee's first counter and device count."""
+    users = dict.fromkeys(note.user_id for note in notes)
+    return [key for user in users for key in reads_for_user(user)]
+
+
+def reads_for_user(user_id: str) -> tuple[Key, Key]:
+    return (keys.unread_counter(user_id, 0), keys.push_device_count(user_id))
+
+
+def prepared_from(notes: Sequence[Notification], found: Mapping[Key, Item | None]) -> Prepared:
+    users = dict.fromkeys(note.user_id for note in notes)
+    counters = {user: counters_of(user, [found.get(keys.unread_counter(user, 0))])[0] for user in users}
+    # Only a note to someone with a device goes in the push outbox (the count is
+    # read in the same batch as the epoch: no round trip of its own).
+    with_devices = frozenset(
+        user for user in users if int((found.get(keys.push_device_count(user)) or {}).get("count", 0)) > 0
+    )
+    return Prepared([note for note in notes if found.get(note.key) is None], counters, with_devices)
+
+
+async def prepare(table: Table, notes: Sequence[Notification]) -> Prepared:
+    """One batch get: the addressees' epochs, and the notes already there."""
+    if not notes:
+        return Prepared([], {})
+    found = await table.batch_get([*reads_for(notes), *(note.key for note in notes)])
+    return prepared_from(notes, found)
+
+
+def _creation_ops(prepared: Prepared) -> tuple[list[Notification], list[WriteOp]]:
+    """The fresh notes stamped with their addressee's epoch, and for one
+    transaction their puts and counts (cancelled if a note is written or an
+    epoch moves meanwhile)."""
+    stamped = [
+        dataclasses.replace(
+            note,
+            epoch=prepared.counters[note.user_id].epoch,
+            push_pending=note.user_id in prepared.with_devices,
+        )
+        for note in prepared.fresh
+    ]
+    added = Counter(note.user_id for note in stamped)
+    puts: list[WriteOp] = [Put(note.to_item(), NotExists()) for note in stamped]
+    return stamped, [*puts, *(prepared.counters[user].add(n) for user, n in added.items())]
+
+
+async def write(
+    table: Table,
+    broker: EventBus | None,
+    notes: Sequence[Notification],
+    *,
+    prepared: Prepared | None = None,
+    beside: Sequence[WriteOp] = (),
+    announce: bool = True,
+) -> list[Notification]:
+    """Stores each note once, stamped with its addressee's epoch and counted
+    unread in the same transaction, then announces those written now (a replay
+    finds its note there, and counts and announces nothing). Returns them.
+
+    `prepared` holds what the caller read beside its own work (`prepare`, or
+    `prepared_from` a batch of its own), saving a round trip; if an epoch moved
+    meanwhile, it is read again. `beside` are the caller's own writes, committed
+    in the first transaction with the notes (which must then fit in it); if one
+    of them fails, the transaction's `TransactionCancelled` is raised and
+    nothing is written. `announce=False` is for a caller that publishes the
+    notes itself, with `announcement`, once a later write of its own commits."""
+    extra = list(beside)
+    if extra and len(notes) + len(extra) > WRITTEN_PER_TRANSACTION:
+        raise ValueError("notes written beside other writes must fit in one transaction")
     written: list[Notification] = []
     pending = list(notes)
     moved = 0
-    while pending:
-        chunk = pending[:WRITTEN_PER_TRANSACTION]
-        fresh, ops = await creation_ops(table, chunk)
+    while pending or extra:
+        chunk = pending if extra else pending[:WRITTEN_PER_TRANSACTION]
+        if prepared is not None and len(chunk) == len(notes):
+            ready = prepared
+        else:
+            ready = await prepare(table, chunk)
+        prepared = None
+        stamped, ops = _creation_ops(ready)
         try:
-            await table.transact(ops)
+            if ops or extra:
+                await table.transact([*extra, *ops])
         except TransactionCancelled as error:
             if any(r.reason != CONDITION_FAILED for r in error.reasons):
                 raise
-            if not any(error.failed_on(note.key) for note in fresh):
+            if any(error.failed_on(op_key(op)) for op in extra):
+                raise
+            if not any(error.failed_on(note.key) for note in ready.fresh):
                 # Everything was marked read between reading an epoch and writing.
                 moved += 1
                 if moved == ATTEMPTS:
                     raise StoreError("unread counts kept moving under new notifications") from error
             continue  # (a note written meanwhile is found there, and left out, next time)
-        written += fresh
+        written += stamped
         pending = pending[len(chunk) :]
+        extra = []
+    if announce:
+        await _announce(broker, written)
     return written
 
 
-async def creation_ops(
-    table: Table, notes: Sequence[Notification]
-) -> tuple[list[Notification], list[WriteOp]]:
-    """The notes not written yet, and for one transaction their puts, each at
-    its addressee's epoch read now, and their counts. One batch get reads the
-    epochs and the notes; the transaction is cancelled if a note is written or
-    an epoch moves meanwhile."""
-    if not notes:
-        return [], []
-    users = list(dict.fromkeys(note.user_id for note in notes))
-    counter_at = {user: keys.unread_counter(user, 0) for user in users}
-    found = await table.batch_get([*counter_at.values(), *(note.key for note in notes)])
-    counters = {user: counters_of(user, [found.get(key)])[0] for user, key in counter_at.items()}
-    fresh = [note for note in notes if note.key not in found]
-    added = Counter(note.user_id for note in fresh)
-    stamped = [dataclasses.replace(note, epoch=counters[note.user_id].epoch) for note in fresh]
-    puts = [Put(note.to_item(), NotExists()) for note in stamped]
-    return fresh, [*puts, *(counters[user].add(n) for user, n in added.items())]
+# Who is told of what ----------------------------------------------------------------
 
 
 async def family_members(table: Table, family_id: str) -> list[Membership]:
@@ -238,6 +330,55 @@ async def content_ready(table: Table, broker: EventBus | None, content: Content,
         if m.role in (Role.ADMIN, Role.MEMBER) and m.user_id != content.author_id
     ]
     await write(table, broker, notes)
+
+
+def comment_notes(content: Content, comment_id: str, created_at: str, to_author: bool) -> list[Notification]:
+    """NEW_COMMENT to the content's author (when someone else comments, and the
+    author still reads the family)."""
+    if not to_author:
+        return []
+    return [
+        Notification(
+            user_id=content.author_id,
+            id=notification_id(NotificationType.NEW_COMMENT, comment_id, content.author_id),
+            type=NotificationType.NEW_COMMENT,
+            created_at=created_at,
+            family_id=content.family_id,
+            content_id=content.id,
+        )
+    ]
+
+
+def unlocked_notes(capsule: Capsule, content_id: str, people: Sequence[str], at: str) -> list[Notification]:
+    """CAPSULE_UNLOCKED to each person told of an opening."""
+    return [
+        Notification(
+            user_id=user,
+            id=unlocked_id(capsule.id, user),
+            type=NotificationType.CAPSULE_UNLOCKED,
+            created_at=at,
+            family_id=capsule.family_id,
+            content_id=content_id,
+            capsule_id=capsule.id,
+        )
+        for user in people
+    ]
+
+
+def unlocked_id(capsule_id: str, user_id: str) -> str:
+    return notification_id(NotificationType.CAPSULE_UNLOCKED, capsule_id, user_id)
+
+
+def empty_note(capsule: Capsule) -> Notification:
+    """CAPSULE_EMPTY to the creator of a capsule whose date came with no content."""
+    return Notification(
+        user_id=capsule.creator_id,
+        id=notification_id(NotificationType.CAPSULE_EMPTY, capsule.id),
+        type=NotificationType.CAPSULE_EMPTY,
+        created_at=capsule.unlock_date,
+        family_id=capsule.family_id,
+        capsule_id=capsule.id,
+    )
 
 
 def joined_notes(
@@ -282,22 +423,7 @@ def _family_notes(
     ]
 
 
-async def write_prepared(
-    table: Table,
-    broker: EventBus | None,
-    notes: Sequence[Notification],
-    prepared: tuple[list[Notification], list[WriteOp]],
-) -> None:
-    """Writes notes whose epochs were read beside the caller's own write (from
-    `creation_ops`), saving a round trip; if an epoch moved meanwhile, `store`
-    reads again."""
-    fresh, ops = prepared
-    try:
-        if ops:
-            await table.transact(ops)
-    except TransactionCancelled:
-        fresh = await store(table, notes)
-    await announce(broker, fresh)
+# Reading ---------------------------------------------------------------------------
 
 
 async def notifications_page(ctx: Context, first: int, after: str | None, unread_only: bool) -> ItemPage:

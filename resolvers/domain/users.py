@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from resolvers.core.context import Context
 from resolvers.core.errors import NotFound, not_found
 from resolvers.core.validation import clean_text, clean_url
+from resolvers.domain import push
 from resolvers.domain.families import can_see_user
 from resolvers.domain.mail import preference_changes
 from store import keys
@@ -25,7 +27,7 @@ async def load_user(ctx: Context, user_id: str) -> User:
     item = await ctx.loaders.item.load(keys.user(user_id))
     if item is None:
         return User(id=user_id, created_at=DELETED_USER_CREATED_AT)
-    return User.from_item(item)
+    return ctx.loaders.decoded(User, item)
 
 
 def email_for_viewer(ctx: Context, user: User) -> str | None:
@@ -36,6 +38,13 @@ def email_for_viewer(ctx: Context, user: User) -> str | None:
 def email_preference_for_viewer(ctx: Context, user: User) -> str | None:
     """What a person chose to receive by email is theirs alone to read, too."""
     return user.email_preference if ctx.claims is not None and ctx.claims.sub == user.id else None
+
+
+def push_types_for_viewer(ctx: Context, user: User) -> tuple[str, ...] | None:
+    """What is pushed to a person is theirs alone to read."""
+    if ctx.claims is None or ctx.claims.sub != user.id:
+        return None
+    return push.push_types_of(user)
 
 
 async def me(ctx: Context) -> User:
@@ -80,6 +89,7 @@ async def update_profile(
     family_name: str | None = None,
     profile_image_url: str | None = None,
     email_preference: str | None = None,
+    push_types: Sequence[str] | None = None,
 ) -> User:
     changes: dict[str, Any] = {}
     remove: list[str] = []
@@ -93,6 +103,8 @@ async def update_profile(
         # Against the profile as read now; two racing changes end with the last.
         mail_set, remove = preference_changes(await me(ctx), email_preference, ctx.services.now())
         changes.update(mail_set)
+    if push_types is not None:
+        changes["pushTypes"] = push.checked_push_types(push_types)
     if not changes and not remove:
         return await me(ctx)
     return await _update_me(ctx, changes, remove)

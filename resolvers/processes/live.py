@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast
 
 from resolvers.adapters.broker import RESYNC, content_channel, user_channel
 from resolvers.core.context import Context, utc_now
@@ -32,12 +32,59 @@ from resolvers.domain.notifications import notification_id
 from store import keys
 from store.enums import NotificationType
 from store.items import Capsule, Content, Notification, iso
-from store.port import Item, SortKey, every_item
+from store.port import Item, Key, SortKey, every_item
 
 log = logging.getLogger("mifamilias.live")
 
 T = TypeVar("T")
 RESYNC_KIND = RESYNC["kind"]
+
+
+class HeldStream(Generic[T]):
+    """A subscription's events while it holds one of its person's slots
+    (`RateLimiter.streams`): each event delivered, replayed or live, is charged
+    `cost` points of the person's budget first; the slot is given back when the
+    stream ends or is closed, iterated or not."""
+
+    def __init__(self, ctx: Context, events: AsyncIterator[T], slot: Key, subject: str, cost: int) -> None:
+        self.ctx = ctx
+        self.events = events
+        self.slot = slot
+        self.subject = subject
+        self.cost = cost
+        self.closed = False
+
+    def __aiter__(self) -> HeldStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        try:
+            event = await anext(self.events)
+            rates = self.ctx.services.rates
+            await rates.budget.charge(self.subject, self.cost, self.ctx.services.now())
+        except BaseException:
+            await self.aclose()
+            raise
+        return event
+
+    async def aclose(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            aclose = getattr(self.events, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        finally:
+            await self.ctx.services.rates.streams.release(self.slot)
+
+
+async def held(ctx: Context, events: Callable[[], AsyncIterator[T]], cost: int) -> HeldStream[T]:
+    """`events()` as a stream that holds a slot of the viewer's; RATE_LIMITED
+    (before anything is subscribed) when they have every slot."""
+    subject = f"user:{await ctx.viewer_id()}"
+    slot = await ctx.services.rates.streams.hold(subject)
+    return HeldStream(ctx, events(), slot, subject, cost)
 
 
 def _broker(ctx: Context) -> EventBus:
@@ -198,6 +245,7 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
 # How far back `after` is looked for: a phone offline for days still finds its
 # place; an id older than this asks the client to refetch instead.
 REPLAY_LIMIT = 1000
+REPLAY_COSTS = 10
 # Event ids a stream remembers to drop repeats: at-least-once delivery (a
 # recovery pass publishing again) and the replay seam both repeat recent ones.
 REMEMBERED = 256
@@ -221,8 +269,11 @@ class Seen:
         return True
 
 
-async def _notifications_after(ctx: Context, viewer: str, after: str) -> list[Notification]:
-    """The viewer's notifications newer than the one `after` names, oldest first.
+async def _notifications_after(
+    ctx: Context, viewer: str, after: str, most: int = REPLAY_LIMIT
+) -> list[Notification]:
+    """The viewer's notifications newer than the one `after` names, oldest
+    first; BAD_USER_INPUT when there are more than `most`.
 
     A notification's public id carries its place (`notifications.public_id`),
     so the read starts right after it; a bare id (from before public ids held
@@ -233,16 +284,15 @@ async def _notifications_after(ctx: Context, viewer: str, after: str) -> list[No
         # Just after the named sort key (no key continues it below " "), up to
         # the last notification ("~" sorts after every character of a key).
         after_it = SortKey.between(named.key[1] + " ", keys.NOTIFICATION_PREFIX + "~")
-        page = await ctx.table.query(pk, after_it, limit=REPLAY_LIMIT)
+        page = await ctx.table.query(pk, after_it, limit=min(most, REPLAY_LIMIT))
         if page.cursor is None:
             return [Notification.from_item(item) for item in page.items]
-        raise BadInput(
-            f"after: more than {REPLAY_LIMIT} notifications came since {after!r}; "
-            "subscribe without `after` and refetch what you missed"
-        )
+        raise _too_many(after, min(most, REPLAY_LIMIT))
     newer: list[Notification] = []
     async for item in every_item(ctx.table, pk, prefix, descending=True):
         if item["id"] == after:
+            if len(newer) > most:
+                raise _too_many(after, most)
             return newer[::-1]
         if len(newer) == REPLAY_LIMIT:
             break
@@ -278,6 +328,20 @@ class Place:
         return [Notification.from_item(item) for item in page.items]
 
 
+def _too_many(after: str, most: int) -> BadInput:
+    return BadInput(
+        f"after: more than {most} notifications came since {after!r}, more than a replay of this "
+        "subscription may send; subscribe without `after` and refetch what you missed"
+    )
+
+
+def replay_bound(event_cost: int, max_cost: int) -> int:
+    """How many events one replay may send: together they may cost at most
+    `REPLAY_COSTS` operations at the cost limit (and never more than
+    `REPLAY_LIMIT`), so a heavy selection replays few."""
+    return max(1, min(REPLAY_LIMIT, REPLAY_COSTS * max_cost // max(1, event_cost)))
+
+
 def capsule_event_id(capsule_id: str, viewer: str) -> str:
     """A capsule's opening as this viewer's event: their notification's id."""
     return notification_id(NotificationType.CAPSULE_UNLOCKED, capsule_id, viewer)
@@ -288,7 +352,7 @@ def _capsule_event(note: Notification) -> dict[str, object]:
 
 
 async def capsules_unlocked(
-    ctx: Context, after: str | None = None
+    ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT
 ) -> AsyncIterator[tuple[Capsule, str, str, Share | None]]:
     """(capsule, unlocked at, event id, share) for every capsule the viewer may
     read as it opens; with `after`, first those that opened since that event.
@@ -298,7 +362,7 @@ async def capsules_unlocked(
         seen = Seen()
         place = Place(viewer)
         async with _broker(ctx).subscribe(user_channel(viewer, "capsules")) as events:
-            replay = await _notifications_after(ctx, viewer, after) if after is not None else []
+            replay = await _notifications_after(ctx, viewer, after, most) if after is not None else []
             while True:
                 for note in replay:
                     place.passed(note.created_at, note.id)
@@ -339,15 +403,17 @@ async def _capsule_for(ctx: Context, event: dict[str, object], viewer: str) -> O
         return None
 
 
-async def notifications_added(ctx: Context, after: str | None = None) -> AsyncIterator[Notification]:
+async def notifications_added(
+    ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT
+) -> AsyncIterator[Notification]:
     """Every notification addressed to the viewer as it is created; with
     `after`, first those created since that one."""
     with ctx.services.metrics.subscription("notificationAdded"):
         viewer = await ctx.viewer_id()
         seen = Seen()
         place = Place(viewer)
-        async with _broker(ctx).subscribe(user_channel(viewer, "notifications")) as events:
-            replay = await _notifications_after(ctx, viewer, after) if after is not None else []
+        async with _broker(ctx).subscribe(notifications.channel(viewer)) as events:
+            replay = await _notifications_after(ctx, viewer, after, most) if after is not None else []
             while True:
                 for note in replay:
                     place.passed(note.created_at, note.id)

@@ -1,9 +1,11 @@
 """The media pipeline: an in-process worker that walks content through its
 states, one conditional write per move, and the archive sweep.
 
-Video and audio go PROCESSING -> TRANSCODING -> TRANSCRIBING -> READY
-(TRANSCRIBING is passed through when no transcriber is configured or the file
-has no sound). A photo goes PROCESSING -> TRANSCODING ->
+Video and audio keep the seed's machine, PROCESSING -> TRANSCODING ->
+TRANSCRIBING -> READY; content with no audio stream (or with transcription
+turned off) takes the seed's skip edge, TRANSCODING -> READY. A transcription
+that fails, or hears nothing, still ends in READY (without a transcript; the
+failure's reason is kept for `retryContent`). A photo goes PROCESSING -> TRANSCODING ->
 READY: in TRANSCODING its stored original loses its location metadata (unless
 the settings keep it), its capture time is read and its JPEG derivatives are
 made; there is nothing to transcribe. A note goes PROCESSING -> READY. Any step
@@ -38,7 +40,7 @@ from resolvers.adapters.transcribe import Transcriber, TranscriptionError
 from resolvers.core import leases, workdirs
 from resolvers.core.config import Settings
 from resolvers.core.metrics import Metrics
-from resolvers.domain import notifications
+from resolvers.domain import notifications, search
 from resolvers.domain.content import original_key, publish_status
 from resolvers.processes.leased import Claim, LeasedJob, LeaseSpec, cancelling
 from store import keys
@@ -205,23 +207,27 @@ class Pipeline(LeasedJob):
             }
             if outputs.captured_at is not None:
                 made["capturedAt"] = outputs.captured_at
-            if content.type not in TRANSCRIBED:
-                # A photo's derivatives are real work; there is nothing to transcribe.
+            if content.type not in TRANSCRIBED or not outputs.has_audio or self.transcriber is None:
+                # A photo's derivatives are real work; there is nothing to transcribe. A
+                # video without sound (or no transcriber at all) takes the seed's
+                # "skip (no audio)" edge: straight to READY.
                 with self._step(job, "finish"):
                     await self._ready(content, **made)
                 return
             content = await self._move(content, ContentStatus.TRANSCRIBING, **made)
         if content.status == ContentStatus.TRANSCRIBING:
-            has_audio = outputs.has_audio if outputs else bool(claimed.get("hasAudio"))
             media_format = outputs.media_format if outputs else claimed.get("mediaFormat")
             with self._step(job, "transcribe"):
-                transcription = await self._transcribe(content, has_audio, media_format)
+                heard = await self._transcribe(content, media_format, workdir)
             with self._step(job, "finish"):
-                await self._ready(content, transcription=transcription)
+                await self._ready(content, **heard)
 
     async def _ready(self, content: Content, **changes: Any) -> None:
         ready_at = iso(self.clock())
         content = await self._move(content, ContentStatus.READY, readyAt=ready_at, **changes)
+        # A crash between the move and the index leaves the content unfound by its words
+        # until it is indexed again (a retried transcription); it is still READY and shown.
+        await search.index_content(self.table, content)
         await notifications.content_ready(self.table, self.broker, content, ready_at)
 
     async def _check(self, content: Content, source: Path) -> None:
@@ -263,19 +269,43 @@ class Pipeline(LeasedJob):
         await self.blobs.put_file(f"{base}/media.m4a", audio, "audio/mp4")
         return Outputs(f"{base}/media.m4a", None, True, "m4a")
 
-    async def _transcribe(self, content: Content, has_audio: bool, media_format: Any) -> str | None:
-        if not has_audio:
-            return None  # no sound: TRANSCRIBING is passed through, nothing to transcribe
-        if self.transcriber is None:
-            log.info("content %s is READY without a transcription: no transcriber is configured", content.id)
-            return None
-        if not content.media_key:
-            return None
-        return await self.transcriber.transcribe(
-            bucket_key=content.media_key,
-            media_format=str(media_format or "mp4"),
-            job_name=f"mifamilias-{content.id}",
-        )
+    async def _transcribe(self, content: Content, media_format: Any, workdir: Path) -> dict[str, Any]:
+        """What the transcription step records on the content. A failed transcription
+        does not fail the content: it becomes READY without a transcript, the reason
+        is kept in `transcriptionFailure`, and `retryContent` tries again."""
+        cleared: dict[str, Any] = {
+            "transcription": None,
+            "transcriptLanguage": None,
+            "captionsKey": None,
+            "transcriptionFailure": None,
+        }
+        if self.transcriber is None or not content.media_key:
+            return cleared
+        try:
+            heard = await self.transcriber.transcribe(
+                bucket_key=content.media_key,
+                media_format=str(media_format or "mp4"),
+                job_name=f"mifamilias-{content.id}",
+            )
+        except TranscriptionError as error:
+            if cancelling():
+                raise asyncio.CancelledError from None
+            log.info("content %s is READY without a transcript: %s", content.id, error)
+            self.metrics.pipeline_failed("transcribe", "transcription")
+            return {**cleared, "transcriptionFailure": str(error)[:500]}
+        if heard is None:
+            return cleared  # no speech: READY with a null transcript
+        captions: str | None = None
+        if heard.has_captions:
+            captions, vtt = f"content/{content.id}/captions.vtt", workdir / "captions.vtt"
+            vtt.write_text(heard.webvtt(), encoding="utf-8")
+            await self.blobs.put_file(captions, vtt, "text/vtt")
+        return {
+            **cleared,
+            "transcription": heard.text,
+            "transcriptLanguage": heard.language,
+            "captionsKey": captions,
+        }
 
     async def _fail(self, content_id: str, reason: str) -> None:
         item = await self.table.get(keys.content(content_id))

@@ -44,11 +44,10 @@ from resolvers.core.metrics import Metrics
 from resolvers.core.ports import Event
 from resolvers.domain import notifications
 from resolvers.domain.access import READERS
-from resolvers.domain.notifications import announce, notification_id
 from resolvers.domain.tags import unseal_ops
 from store import keys
-from store.enums import CapsuleStatus, ContentStatus, NotificationType
-from store.items import Capsule, Content, Notification, iso, parse_iso
+from store.enums import CapsuleStatus, ContentStatus
+from store.items import Capsule, Content, iso, parse_iso
 from store.port import (
     ConditionFailed,
     Exists,
@@ -326,25 +325,17 @@ class UnlockScheduler:
         # who are its MEMBERs or ADMINs now are told (a creator who was removed
         # is not, and a recipient who left is not).
         people = [p for p in dict.fromkeys([*capsule.recipient_ids, capsule.creator_id]) if p in readers]
-        notes = [
-            Notification(
-                user_id=user,
-                id=notification_id(NotificationType.CAPSULE_UNLOCKED, capsule.id, user),
-                type=NotificationType.CAPSULE_UNLOCKED,
-                created_at=unlocking_at,
-                family_id=capsule.family_id,
-                content_id=content.id,
-                capsule_id=capsule.id,
-            )
-            for user in people
-        ]
+        notes = notifications.unlocked_notes(capsule, content.id, people, unlocking_at)
         # Before the capsule opens, in replayable batches: a capsule of any size.
         # Each note is counted unread with it; a replay finds its note and
         # leaves it out, so nothing is written or counted twice.
-        await asyncio.gather(
-            notifications.store(self.table, notes),
+        written, _ = await asyncio.gather(
+            notifications.write(self.table, self.broker, notes, announce=False),
             self._stamp(capsule, [user for user in capsule.recipient_ids if user in readers], unlocking_at),
         )
+        # Whose notes wait in the push outbox (a replay's were written before:
+        # the push workers' recovery scan finds those).
+        push_to = [note.user_id for note in written if note.push_pending]
         outbox = keys.unlock_outbox(iso(self.clock()), capsule.id, self.shards)
         ops: list[WriteOp] = [
             Update(
@@ -366,6 +357,7 @@ class UnlockScheduler:
                     "capsuleId": capsule.id,
                     "unlockedAt": unlocking_at,
                     "people": people,
+                    "pushTo": push_to,
                 },
                 NotExists(),
             ),
@@ -382,7 +374,7 @@ class UnlockScheduler:
         self._mine.discard(capsule.id)
         result.unlocked += 1
         self.metrics.capsule_unlocked()
-        await self._publish(capsule.id, unlocking_at, people, outbox)
+        await self._publish(capsule.id, unlocking_at, people, outbox, push_to)
         return True
 
     async def _stamp(self, capsule: Capsule, recipients: Sequence[str], at: str) -> None:
@@ -399,7 +391,12 @@ class UnlockScheduler:
         )
 
     async def _publish(
-        self, capsule_id: str, unlocked_at: str, people: Sequence[str], outbox: tuple[str, str]
+        self,
+        capsule_id: str,
+        unlocked_at: str,
+        people: Sequence[str],
+        outbox: tuple[str, str],
+        push_to: Sequence[str] = (),
     ) -> None:
         """Every person's two events in one batched publish, then the outbox item goes."""
         broker = self.broker
@@ -413,16 +410,11 @@ class UnlockScheduler:
                     )
                 )
                 events.append(
-                    (
-                        user_channel(user, "notifications"),
-                        {
-                            "kind": "notification",
-                            "userId": user,
-                            "createdAt": unlocked_at,
-                            "id": notification_id(NotificationType.CAPSULE_UNLOCKED, capsule_id, user),
-                        },
-                    )
+                    notifications.announcement(user, unlocked_at, notifications.unlocked_id(capsule_id, user))
                 )
+            if push_to:
+                told = [(user, unlocked_at, notifications.unlocked_id(capsule_id, user)) for user in push_to]
+                events.append(notifications.push_wake(told))
             await broker.publish_many(events)
         await self.table.delete(outbox)
 
@@ -440,7 +432,11 @@ class UnlockScheduler:
         for item in (item for page in pages for item in page.items):
             try:
                 await self._publish(
-                    item["capsuleId"], item["unlockedAt"], list(item["people"]), (item["PK"], item["SK"])
+                    item["capsuleId"],
+                    item["unlockedAt"],
+                    list(item["people"]),
+                    (item["PK"], item["SK"]),
+                    list(item.get("pushTo", [])),
                 )
             except Exception:
                 log.exception("could not publish the unlock of capsule %s again", item.get("capsuleId"))
@@ -451,14 +447,7 @@ class UnlockScheduler:
     async def _tell_empty(self, capsule: Capsule, result: PassResult) -> None:
         if capsule.creator_told_empty:
             return
-        note = Notification(
-            user_id=capsule.creator_id,
-            id=notification_id(NotificationType.CAPSULE_EMPTY, capsule.id),
-            type=NotificationType.CAPSULE_EMPTY,
-            created_at=capsule.unlock_date,
-            family_id=capsule.family_id,
-            capsule_id=capsule.id,
-        )
+        note = notifications.empty_note(capsule)
         creator = await self.table.get(keys.member(capsule.family_id, capsule.creator_id))
         # A creator who is no longer in the family is not told; the flag is set
         # all the same, so no later pass asks again.
@@ -468,12 +457,9 @@ class UnlockScheduler:
                 capsule.key, set={"creatorToldEmpty": True}, condition=eq("status", CapsuleStatus.SCHEDULED)
             )
         ]
-        if tell:
-            ops += (await notifications.creation_ops(self.table, [note]))[1]
         try:
-            await self.table.transact(ops)
+            await notifications.write(self.table, self.broker, [note] if tell else [], beside=ops)
         except TransactionCancelled:
-            return  # told already, or its epoch moved: the next pass reads again
+            return  # told already: the flag is set
         if tell:
             result.told_empty += 1
-            await announce(self.broker, [note])

@@ -18,6 +18,7 @@ from store.port import Table
 from tests.clock import FakeClock
 from tests.counting import CountingTable
 from tests.servers import SECRET
+from tests.typical_calls import PUSH_ORIGIN
 
 
 class Api:
@@ -139,6 +140,7 @@ async def running_api(
     needs_moto = engine == "dynamodb" or blobs == "s3"
     moto_url = request.getfixturevalue("moto_server") if needs_moto else None
     clock = FakeClock()
+    changes.setdefault("push_allowed_origins", (PUSH_ORIGIN,))
     settings = Settings(
         data_dir=tmp_path / "data",
         auth_secret=SECRET,

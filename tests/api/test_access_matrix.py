@@ -38,10 +38,12 @@ from graphql import (
 from resolvers.adapters.broker import user_channel
 from resolvers.core.context import Context
 from schema import schema
-from store import items
+from store import items, keys
+from store.port import Update
 from tests.api.conftest import Api
 from tests.factories import capsule_rows, family_rows, join, make_family, settle, upload
 from tests.servers import until
+from tests.typical_calls import web_subscription
 
 MATRIX = Path(__file__).with_name("access_matrix.txt")
 ROLES = ["none", "out", "pen", "left", "rem", "rleft", "crm", "oadm", "rcp", "mem", "adm"]
@@ -81,6 +83,9 @@ def read_matrix() -> list[Row]:
 # Documents generated from the schema -----------------------------------------------
 
 
+NESTED_PAGE = 5
+
+
 def _named(type_: GraphQLType) -> GraphQLType:
     while isinstance(type_, GraphQLNonNull | GraphQLList):
         type_ = type_.of_type
@@ -103,8 +108,11 @@ def selection(type_: GraphQLType, depth: int, path: frozenset[str] = frozenset()
             parts.append(name)
         elif depth > 0 and isinstance(inner, GraphQLObjectType) and inner.name not in path:
             sub = selection(inner, depth - 1, path | {named.name})
+            # Short pages keep every document under the cost limit: the world
+            # holds a few of each, and the rule is per object, not per page.
+            paged = f"{name}(first: {NESTED_PAGE})" if "first" in definition.args else name
             if sub:
-                parts.append(f"{name} {sub}")
+                parts.append(f"{paged} {sub}")
     return "{ " + " ".join(parts) + " }" if parts else ""
 
 
@@ -250,6 +258,19 @@ async def build_world(api: Api) -> World:
     world.markers[pending] = {"adm", "rcp"}
     world.markers[opened] = {"mem"}
     world.markers[sealed] = {"adm"}
+    # What a transcription leaves on content (its text, language, captions), so that the
+    # fields that show it are checked against the rule like the rest.
+    for content_id, said, readers in ((note, "SpokenAX", READERS_A), (sealed, "SpokenSealedAX", {"adm"})):
+        await api.table.update(
+            Update(
+                keys.content(content_id),
+                set={
+                    "transcription": world.secret(said, readers),
+                    "transcriptLanguage": "es",
+                    "captionsKey": f"content/{content_id}/captions.vtt",
+                },
+            )
+        )
 
     # Family B: another family, with its own content, comment and capsule.
     fam_b = await make_family(api, "oadm", world.secret("FamBX", {"oadm"}), "OPEN", 1)
@@ -320,6 +341,14 @@ async def build_world(api: Api) -> World:
     export = await api.ok("mutation { requestDataExport { id } }", as_="mem")
     world.ids["export"] = export["requestDataExport"]["id"]
     world.markers[world.ids["export"]] = {"mem"}
+    # mem's push device: listed to mem alone, and removed by mem alone.
+    device = await api.ok(
+        "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id } }",
+        {"i": web_subscription("mem-phone")},
+        as_="mem",
+    )
+    world.ids["device"] = device["registerPushDevice"]["id"]
+    world.markers[world.ids["device"]] = {"mem"}
 
     # Each signed-in role also creates a capsule in a family of its own, whose
     # event is the sentinel that shows another event was not delivered.
@@ -348,6 +377,8 @@ def variables_for(
         "content": {"id": ids.get(target)},
         "capsule": {"id": ids.get(target)},
         "searchTags": {"familyId": family, "prefix": "ta"},
+        # Title words: "NoteAX", "SealedAX" (adm's alone), "NoteBX".
+        "searchContent": {"familyId": family, "text": target.split(".")[-1], "first": NESTED_PAGE},
         "myTags": {"prefix": ""},
         "tagStatus": {"familyId": family, "setName": "SetSealed" if target == "A" else "SetA"},
         "contentStatusChanged": {"contentId": ids.get(target)},
@@ -355,6 +386,9 @@ def variables_for(
         "updateProfile": {"input": {}},
         "createFamily": {"input": {"name": "Otra familia", "trustLevel": "OPEN", "vouchThreshold": 1}},
         "markNotificationsRead": {"ids": None},
+        "registerPushDevice": {"input": web_subscription(target)},
+        "unregisterPushDevice": {"id": ids.get(target)},
+        "muteFamily": {"familyId": family, "until": later},
         "createUpload": {
             "input": {
                 "familyId": family,

@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from store import keys
 from tests.api.conftest import Api
-from tests.factories import family_with_members, settle, upload
+from tests.factories import family_with_members, settle, start_upload, upload
 
 CREATE = """mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) {
   id status title unlockDate notificationSent recipients { user { id } notifiedAt viewedAt } } }"""
@@ -167,6 +168,20 @@ async def test_refusals_change_nothing(api: Api) -> None:
     assert (await api.error(OPEN, {"id": capsule_id}, as_="cy"))[0] == "NOT_FOUND"
     code, _ = await api.error(OPEN, {"id": capsule_id}, as_="ana")
     assert code == "FORBIDDEN"  # the creator is not a recipient here
+
+
+async def test_the_upload_of_a_cancelled_capsule_is_deletable_by_its_author(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    scheduled = await make_capsule(api, "ana", family_id, ["ben"])
+    await api.ok(SCHEDULE, {"id": scheduled}, as_="ana")
+    started = await start_upload(api, "ana", family_id, "TEXT", "text/plain", 4, capsule_id=scheduled)
+    content_id = started["content"]["id"]
+    delete = "mutation($id: ID!) { deleteContent(contentId: $id) }"
+    assert (await api.error(delete, {"id": content_id}, as_="ana"))[0] == "CONFLICT"  # still its capsule's
+    assert (await api.ok(CANCEL, {"id": scheduled}, as_="ana"))["cancelCapsule"]["status"] == "CANCELLED"
+    assert (await api.error(delete, {"id": content_id}, as_="ben"))[0] == "NOT_FOUND"
+    assert (await api.ok(delete, {"id": content_id}, as_="ana"))["deleteContent"] is True
+    assert await api.table.get(keys.content(content_id)) is None
 
 
 async def test_cancel_and_a_capsule_left_empty(api: Api) -> None:

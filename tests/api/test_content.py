@@ -76,7 +76,7 @@ async def test_each_type_walks_to_ready_with_real_outputs(
         await settle(api)
         content = (await api.ok(CONTENT, {"id": content_id}, as_="ben"))["content"]
         assert content["status"] == "READY", content
-        assert content["transcription"] is None  # no transcriber configured
+        assert content["transcription"] is None  # a tone: no speech
         assert (content["thumbnailUrl"] is not None) == has_thumb
         data = await fetch(api, content["mediaUrl"])
         if kind == "TEXT":

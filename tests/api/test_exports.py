@@ -4,6 +4,7 @@ alone reading it, expiry, the rate limit, and one build per export."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import zipfile
@@ -17,6 +18,7 @@ from resolvers.core.leases import Lease
 from resolvers.domain import exports
 from resolvers.processes.exports import ExportBuilder
 from store import keys
+from store.port import SortKey
 from tests import media_factory
 from tests.api.conftest import Api
 from tests.factories import join, make_family, settle, upload
@@ -145,6 +147,41 @@ async def test_three_exports_a_day(api: Api) -> None:
     await api.services.exports.queue.join()
     api.clock.advance(days=1)
     await api.ok(REQUEST, as_="ana")
+
+
+async def test_an_ex_members_export_holds_no_capsule_of_the_family_they_left(api: Api) -> None:
+    """The export holds what the person may read now: a capsule that opened
+    after they left (title, creator, date) is not theirs to read any more."""
+    await api.sign_in("ana", "ben")
+    family = await make_family(api, "ana", "Los García")
+    await join(api, "ben", family["inviteCode"])
+    sealed = await capsule(api, "ana", family["id"], ["ben"], hours=1)
+    await upload(api, "ana", family["id"], "TEXT", b"sorpresa", "text/plain", "sorpresa", sealed)
+    await settle(api)
+    await api.ok("mutation($f: ID!) { leaveFamily(familyId: $f) }", {"f": family["id"]}, as_="ben")
+    api.clock.advance(hours=2)
+    assert (await api.services.scheduler.run_once()).unlocked == 1
+    asked = (await api.ok(REQUEST, as_="ben"))["requestDataExport"]
+    await api.services.exports.queue.join()
+    ready = (await api.ok(READ, {"id": asked["id"]}, as_="ben"))["dataExport"]
+    zipped = zipfile.ZipFile(io.BytesIO(await fetch(api, ready["downloadUrl"])))
+    document = json.loads(zipped.read("mifamilias.json"))
+    assert document["capsulesReceived"] == [] and document["memberships"] == []
+    assert "de ana" not in zipped.read("mifamilias.json").decode()
+
+
+async def test_fifty_concurrent_requests_get_exactly_three(api: Api) -> None:
+    """The limit is counted in each request's own write, under the condition
+    that the day still has room: a burst cannot pass the check together."""
+    await api.sign_in("ana")
+    answers = await asyncio.gather(*(api.post(REQUEST, as_="ana") for _ in range(50)))
+    accepted = [a for a in answers if not a.get("errors")]
+    refused = [a["errors"][0]["extensions"] for a in answers if a.get("errors")]
+    assert len(accepted) == 3
+    assert len(refused) == 47 and all(e["code"] == "RATE_LIMITED" and e["retryAfter"] > 0 for e in refused)
+    await api.services.exports.queue.join()
+    stored = await api.table.query(keys.user_pk("ana"), SortKey.begins_with("EXPORT#"))
+    assert len(stored.items) == 3
 
 
 async def test_one_build_per_export_at_a_time(api: Api) -> None:

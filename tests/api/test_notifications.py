@@ -99,8 +99,8 @@ async def test_a_replayed_notification_is_counted_once(api: Api) -> None:
     note = Notification(
         user_id="ana", id="n" * 24, type=NotificationType.MEMBER_JOINED, created_at=api.services.now_iso()
     )
-    assert await notifications.store(api.table, [note]) == [note]
-    assert await notifications.store(api.table, [note]) == []
+    assert [n.id for n in await notifications.write(api.table, None, [note])] == [note.id]
+    assert await notifications.write(api.table, None, [note]) == []
     assert (await state(api, "ana"))[0] == 1
 
 
@@ -152,7 +152,7 @@ async def test_marking_costs_a_fixed_number_of_round_trips(api: Api) -> None:
         Notification(user_id="ana", id=f"{n:024d}", type=NotificationType.MEMBER_JOINED, created_at=now)
         for n in range(130)
     ]
-    assert len(await notifications.store(api.table, notes)) == 130
+    assert len(await notifications.write(api.table, None, notes)) == 130
 
     _, rounds, calls = await measure(api, "{ notifications { unreadCount } }", {}, "ana")
     assert calls == {"batch_get": 1} and rounds == 1

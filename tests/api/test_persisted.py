@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -146,7 +147,65 @@ async def test_only_operations_that_pass_every_check_are_stored(api: Api) -> Non
     anonymous = await send(api, query=TYPENAME, hash_=sha(TYPENAME), as_=None)
     assert anonymous.json() == {"data": {"__typename": "Query"}}
     assert await stored(api) == {}
-    assert code_of(await send(api, hash_=sha(TYPENAME), as_=None)) == "PERSISTED_QUERY_NOT_FOUND"
+    assert code_of(await send(api, hash_=sha(TYPENAME), as_=None)) == "UNAUTHENTICATED"
+
+
+async def test_a_bare_hash_without_a_token_tells_nothing(api: Api) -> None:
+    """Whether anyone has run a document or not, a hash alone without a token
+    answers UNAUTHENTICATED, and reads nothing."""
+    await api.sign_in("ana")
+    await send(api, query=ME, hash_=sha(ME))
+    api.table.reset()  # type: ignore[attr-defined]
+    known = await send(api, hash_=sha(ME), as_=None)
+    unknown = await send(api, hash_=sha("{ me { givenName } }"), as_=None)
+    assert code_of(known) == code_of(unknown) == "UNAUTHENTICATED"
+    assert (known.status_code, known.json()) == (unknown.status_code, unknown.json())
+    assert document_calls(api, "get") == 0
+
+
+async def test_a_megabyte_persisted_document_is_refused_and_not_stored(api: Api) -> None:
+    await api.sign_in("ana")
+    big = "{ me { id } }\n#" + "x" * 1_000_000
+    response = await send(api, query=big, hash_=sha(big))
+    assert code_of(response) == "BAD_USER_INPUT"
+    assert "at most 16384 characters" in response.json()["errors"][0]["message"]
+    assert await stored(api) == {}
+
+
+async def test_a_person_stores_a_bounded_number_of_documents(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    async with running_api("sqlite", "local", tmp_path, request, rate_limits="persist=2/86400") as api:
+        await api.sign_in("ana")
+        texts = [f"{{ me {{ id }} a{n}: __typename }}" for n in range(3)]
+        for text in texts:
+            assert "errors" not in (await send(api, query=text, hash_=sha(text))).json()
+        assert set(await stored(api)) == {sha(texts[0]), sha(texts[1])}
+        # The third ran, and was not kept: its hash alone is unknown.
+        assert code_of(await send(api, hash_=sha(texts[2]))) == "PERSISTED_QUERY_NOT_FOUND"
+
+
+async def test_documents_without_a_token_leave_the_parse_and_validation_caches_unchanged(api: Api) -> None:
+    from schema.documents import documents
+
+    await api.sign_in("ana")
+    before = (len(documents), documents.chars)
+    for n in range(30):
+        await api.client.post("/graphql", json={"query": f"{{ __typename n{n}: __typename }}"})
+        await api.client.post("/graphql", json={"query": f"{{ me {{ id }} n{n}: __typename }}"})
+        await api.client.post(
+            "/graphql",
+            json={"query": f"{{ me {{ id }} n{n}: __typename }}"},
+            headers={"Authorization": "Bearer not-a-token"},
+        )
+    assert (len(documents), documents.chars) == before
+    # A signed-in request's document is kept.
+    alias = f"k{uuid.uuid4().hex}"  # a text new to this process
+    text = f"{{ me {{ id }} {alias}: __typename }}"
+    answer = await send(api, query=text)
+    assert answer.json() == {"data": {"me": {"id": "ana"}, alias: "Query"}}, answer.text
+    assert len(documents) == min(before[0] + 1, documents.max_entries)
+    assert documents.chars == min(before[1] + len(text), documents.max_chars)
 
 
 async def test_a_persisted_document_still_meets_sign_in(api: Api) -> None:
@@ -306,3 +365,20 @@ async def test_a_bad_manifest_stops_the_start(tmp_path: Path, request: pytest.Fi
 
 def test_the_persisted_key_is_built_in_keys() -> None:
     assert keys.persisted_document(sha(ME)) == (f"PERSISTED#{sha(ME)}", "DOC")
+
+
+async def test_get_answers_are_private_unless_they_read_nothing_personal(api: Api) -> None:
+    await api.sign_in("ana")
+    personal = await send(api, query=ME, method="GET")
+    assert personal.json() == {"data": {"me": {"id": "ana"}}}
+    assert personal.headers["cache-control"] == "private, no-store"
+    assert personal.headers["vary"] == "Authorization"
+    await send(api, query=ME, hash_=sha(ME))
+    by_hash = await send(api, hash_=sha(ME), method="GET")
+    assert by_hash.headers["cache-control"] == "private, no-store"
+    # Introspection is the same for everyone: a cache may keep it, per token.
+    schema_only = await send(api, query=INTROSPECTION, method="GET")
+    assert "data" in schema_only.json()
+    assert "cache-control" not in schema_only.headers and schema_only.headers["vary"] == "Authorization"
+    # POST is not cached on the way: nothing to say.
+    assert "cache-control" not in (await send(api, query=ME)).headers

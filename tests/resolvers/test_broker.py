@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import pytest
 
-from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
+from resolvers.adapters.broker import QUEUE_LIMIT, Broker, InProcessBroker, RedisBroker
+from resolvers.core.errors import Unavailable
+from resolvers.core.metrics import Metrics
 from tests.servers import until
 
 
@@ -90,6 +93,56 @@ async def test_leaving_a_channel_unsubscribes_it(brokers: tuple[Broker, Broker])
         await listening(brokers, channel, 1)
         await there.publish(channel, {"n": 2})
         assert await asyncio.wait_for(anext(events), 5) == {"n": 2}
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_a_subscriber_too_far_behind_is_ended_with_a_reason(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Its queue full, it is let go (counted) rather than dropping events
+    silently: its next read ends the stream with UNAVAILABLE, saying to resume
+    with `after`. Another subscriber of the channel that reads goes on."""
+    metrics = Metrics()
+    broker: Broker = (
+        InProcessBroker(metrics=metrics)
+        if kind == "memory"
+        else RedisBroker(request.getfixturevalue("redis_url"), metrics=metrics)
+    )
+    channel = f"content:{uuid.uuid4().hex}"
+
+    def let_go() -> float:
+        found = metrics.registry.get_sample_value(
+            "mifamilias_slow_clients_closed_total", {"transport": "stream", "reason": "queue_full"}
+        )
+        return found or 0.0
+
+    try:
+        async with broker.subscribe(channel) as slow, broker.subscribe(channel) as reading:
+            await listening((broker,), channel, 1)
+            got: list[Any] = []
+
+            async def read_all() -> None:
+                while len(got) < QUEUE_LIMIT + 2:
+                    got.append(await anext(reading))
+
+            def caught_up(published: int) -> bool:
+                return len(got) >= published
+
+            reader = asyncio.create_task(read_all())
+            for n in range(QUEUE_LIMIT + 1):
+                await broker.publish(channel, {"n": n})
+                if n % 100 == 99:  # the reading subscriber keeps up
+                    await until(partial(caught_up, n + 1), "the reader to keep up", 30, interval=0.001)
+            await until(
+                lambda: let_go() == 1, lambda: f"the slow subscriber let go ({let_go()})", 30, interval=0.01
+            )
+            with pytest.raises(Unavailable, match="after"):
+                await anext(slow)
+            await broker.publish(channel, {"n": "last"})
+            await asyncio.wait_for(reader, 30)
+            assert [e["n"] for e in got] == [*range(QUEUE_LIMIT + 1), "last"]
+    finally:
+        await broker.close()
 
 
 async def test_delivery_to_many_subscribers_lets_the_loop_serve_others() -> None:

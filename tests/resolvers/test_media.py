@@ -6,7 +6,6 @@ import asyncio
 import os
 import re
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -208,24 +207,30 @@ async def test_a_playlist_pointing_at_other_files_is_refused_before_ffmpeg_reads
 
 
 class _Children:
-    """Records the child processes the media module starts, in the order started."""
+    """Records the probe's child processes (multiprocessing.Process), in the order started."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.started: asyncio.Queue[asyncio.subprocess.Process] = asyncio.Queue()
-        real = asyncio.create_subprocess_exec
+        self.started: asyncio.Queue[Any] = asyncio.Queue()
+        real = media._start_probe_child
+        loop = asyncio.get_running_loop()
 
-        async def recording(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
-            proc = await real(*args, **kwargs)
-            self.started.put_nowait(proc)
-            return proc
+        def recording(path: Path, answer: Any) -> Any:
+            process = real(path, answer)
+            loop.call_soon_threadsafe(self.started.put_nowait, process)
+            return process
 
-        monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+        monkeypatch.setattr(media, "_start_probe_child", recording)
 
 
 def _probe_reads(monkeypatch: pytest.MonkeyPatch, other: Path) -> None:
     """Make the probe's child read ``other`` instead of the file it was given."""
-    command = media._probe_command
-    monkeypatch.setattr(media, "_probe_command", lambda path: command(other))
+    start = media._start_probe_child
+    monkeypatch.setattr(media, "_start_probe_child", lambda path, answer: start(other, answer))
+
+
+def _abort(path: str, answer: Any) -> None:
+    """A probe child that crashes (imported by reference in the forked child)."""
+    os.abort()
 
 
 async def test_probe_kills_a_child_stuck_on_a_fifo(
@@ -244,7 +249,7 @@ async def test_probe_kills_a_child_stuck_on_a_fifo(
             await probe(src["png"], timeout_seconds=0.5)
     assert info.value.detail is not None and "timed out" in info.value.detail
     child = children.started.get_nowait()
-    assert child.returncode == -signal.SIGKILL
+    assert child.exitcode == -signal.SIGKILL
 
 
 async def test_probe_leaves_the_loop_free_and_cancelling_kills_the_child(
@@ -257,19 +262,19 @@ async def test_probe_leaves_the_loop_free_and_cancelling_kills_the_child(
     task = asyncio.create_task(probe(src["png"], timeout_seconds=600))
     # This coroutine runs while the child is stuck: the probe does not hold the event loop.
     child = await asyncio.wait_for(children.started.get(), timeout=60)
-    assert not task.done() and child.returncode is None
+    assert not task.done() and child.exitcode is None
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         async with asyncio.timeout(60):  # a guard, as above
             await task
-    assert child.returncode == -signal.SIGKILL
+    assert child.exitcode == -signal.SIGKILL
 
 
 async def test_probe_child_crash_is_an_unreadable_file(
     src: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # What a demuxer crashing on a hostile file looks like from the server: a child killed by a signal.
-    monkeypatch.setattr(media, "_probe_command", lambda path: [sys.executable, "-c", "import os; os.abort()"])
+    monkeypatch.setattr(media, "_probe_target", lambda: _abort)
     with pytest.raises(
         MediaError, match=_exactly("the file is not a readable audio, video or image file")
     ) as info:
@@ -498,6 +503,34 @@ async def test_photo_original_strips_exif_gps_xmp_and_iptc_location_losslessly(t
     again = tmp_path / "again.jpg"
     assert (await media.photo_original(clean, again)).stripped is False
     assert not again.exists()
+
+
+# The same location with the exif namespace as the default one (no prefix) and
+# under a prefix of the writer's choosing.
+UNPREFIXED_XMP = (
+    b'<?xpacket begin="\xef\xbb\xbf" id="W5M0MpCehiHzreSzNTczkc9d"?>'
+    b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
+    b'<rdf:Description rdf:about="" xmlns="http://ns.adobe.com/exif/1.0/"'
+    b' xmlns:e2="http://ns.adobe.com/exif/1.0/" xmlns:dc="http://purl.org/dc/elements/1.1/"'
+    b' GPSAltitude="650/1" e2:GPSLatitude="40,25.025N">'
+    b"<GPSLongitude>3,42.2W</GPSLongitude><e2:GPSDestLatitude>40,25N</e2:GPSDestLatitude>"
+    b'<dc:title><rdf:Alt><rdf:li xml:lang="x-default">Sol</rdf:li></rdf:Alt></dc:title>'
+    b"</rdf:Description></rdf:RDF></x:xmpmeta>" + b" " * 64 + b'<?xpacket end="w"?>'
+)
+
+
+async def test_photo_original_strips_xmp_location_whatever_its_prefix(tmp_path: Path) -> None:
+    extra = _segment(0xE1, b"http://ns.adobe.com/xap/1.0/\x00" + UNPREFIXED_XMP)
+    src = mf.make_photo_with_location(tmp_path, "JPEG", extra=extra)
+    clean = tmp_path / "clean.jpg"
+    assert (await media.photo_original(src, clean)).stripped
+    data = clean.read_bytes()
+    for gone in (b"GPSAltitude", b"GPSLatitude", b"GPSLongitude", b"GPSDestLatitude", b"3,42.2W", b"650/1"):
+        assert gone not in data, gone
+    assert b"Sol" in data
+    with Image.open(clean) as img:
+        xmp = img.info["xmp"]
+    ElementTree.fromstring(xmp.split(b"?>", 1)[1].rsplit(b"<?", 1)[0])  # still well-formed XML
 
 
 async def test_photo_original_cleans_every_jpeg_of_the_file_and_drops_what_follows(tmp_path: Path) -> None:

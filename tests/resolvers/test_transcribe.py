@@ -27,6 +27,7 @@ import pytest
 from resolvers.adapters.transcribe import (
     AwsTranscriber,
     Transcriber,
+    Transcription,
     TranscriptionError,
     open_aws_transcriber,
 )
@@ -35,6 +36,10 @@ from tests.conftest import AWS_REGION
 
 POLL = 0.05
 MEDIA_KEY = "media/clip.m4a"
+
+
+def _text(heard: Transcription | None) -> str | None:
+    return heard.text if heard is not None else None
 
 
 def _job_name() -> str:
@@ -158,7 +163,7 @@ async def test_transcribe_runs_a_job_and_reads_its_transcript(
 
     text = await transcriber.transcribe(bucket_key=media, media_format="m4a", job_name=name)
 
-    assert text == "Hola, abuela."
+    assert _text(text) == "Hola, abuela."
     job = (await transcribe.get_transcription_job(TranscriptionJobName=name))["TranscriptionJob"]
     assert job["TranscriptionJobStatus"] == "COMPLETED"
     assert job["Media"] == {"MediaFileUri": f"s3://{bucket}/{media}"}
@@ -166,9 +171,13 @@ async def test_transcribe_runs_a_job_and_reads_its_transcript(
     assert job["IdentifyLanguage"] is True
     assert job["Transcript"]["TranscriptFileUri"].endswith(f"/{bucket}/transcripts/{name}.json")
 
+    # No subtitles were written: the transcript comes without captions.
+    assert text is not None and text.vtt is None and not text.has_captions
+    assert job["Subtitles"]["Formats"] == ["vtt"]
+
     # A retry with the same name reuses the job (ConflictException) and reads the same result.
     again = await transcriber.transcribe(bucket_key=media, media_format="m4a", job_name=name)
-    assert again == "Hola, abuela."
+    assert _text(again) == "Hola, abuela."
     listed = await transcribe.list_transcription_jobs(JobNameContains=name)
     assert [summary["TranscriptionJobName"] for summary in listed["TranscriptionJobSummaries"]] == [name]
 
@@ -188,7 +197,8 @@ async def test_retry_while_the_job_is_still_running_waits_for_it(
     )
     await _write_transcript(s3, bucket, f"transcripts/{name}.json", name, "first attempt")
     assert (
-        await transcriber.transcribe(bucket_key=media, media_format="m4a", job_name=name) == "first attempt"
+        _text(await transcriber.transcribe(bucket_key=media, media_format="m4a", job_name=name))
+        == "first attempt"
     )
 
 
@@ -207,7 +217,7 @@ async def test_a_job_name_taken_by_other_media_is_an_error(
     s3, _ = clients
     name = _job_name()
     await _write_transcript(s3, bucket, f"transcripts/{name}.json", name, "uno")
-    assert await transcriber.transcribe(bucket_key=media, media_format="m4a", job_name=name) == "uno"
+    assert _text(await transcriber.transcribe(bucket_key=media, media_format="m4a", job_name=name)) == "uno"
     with pytest.raises(TranscriptionError) as caught:
         await transcriber.transcribe(bucket_key="media/other.m4a", media_format="m4a", job_name=name)
     assert str(caught.value) == (
@@ -223,7 +233,9 @@ async def test_configured_language_code_is_sent_instead_of_identification(
     adapter = AwsTranscriber(transcribe, s3, bucket, poll_seconds=POLL, language_code="es-US")
     name = _job_name()
     await _write_transcript(s3, bucket, f"transcripts/{name}.json", name, "buenos días")
-    assert await adapter.transcribe(bucket_key=media, media_format="m4a", job_name=name) == "buenos días"
+    assert (
+        _text(await adapter.transcribe(bucket_key=media, media_format="m4a", job_name=name)) == "buenos días"
+    )
     job = (await transcribe.get_transcription_job(TranscriptionJobName=name))["TranscriptionJob"]
     assert job["LanguageCode"] == "es-US"
     assert "IdentifyLanguage" not in job
@@ -236,7 +248,7 @@ async def test_a_separate_output_bucket(clients: tuple[Any, Any], bucket: str, m
     adapter = AwsTranscriber(transcribe, s3, bucket, output, poll_seconds=POLL)
     name = _job_name()
     await _write_transcript(s3, output, f"transcripts/{name}.json", name, "otro cubo")
-    assert await adapter.transcribe(bucket_key=media, media_format="m4a", job_name=name) == "otro cubo"
+    assert _text(await adapter.transcribe(bucket_key=media, media_format="m4a", job_name=name)) == "otro cubo"
     job = (await transcribe.get_transcription_job(TranscriptionJobName=name))["TranscriptionJob"]
     assert job["Transcript"]["TranscriptFileUri"].endswith(f"/{output}/transcripts/{name}.json")
 
@@ -248,6 +260,28 @@ async def test_timeout_is_an_error(clients: tuple[Any, Any], bucket: str, media:
     with pytest.raises(TranscriptionError) as caught:
         await adapter.transcribe(bucket_key=media, media_format="m4a", job_name=name)
     assert str(caught.value) == f"transcription job {name!r} still QUEUED after 0 s"
+
+
+async def test_the_language_and_the_subtitles_come_from_the_job(
+    transcriber: AwsTranscriber, clients: tuple[Any, Any], bucket: str, media: str
+) -> None:
+    s3, transcribe = clients
+    name = _job_name()
+    await _write_transcript(s3, bucket, f"transcripts/{name}.json", name, "Hola, abuela.")
+    vtt = "WEBVTT\n\n1\n00:00:00.000 --> 00:00:01.500\nHola, abuela.\n"
+    # Where AWS writes them: the OutputKey with .vtt for .json (moto names the same URI).
+    await s3.put_object(
+        Bucket=bucket, Key=f"transcripts/{name}.vtt", Body=vtt.encode(), ContentType="text/vtt"
+    )
+
+    heard = await transcriber.transcribe(bucket_key=media, media_format="m4a", job_name=name)
+
+    assert heard is not None and heard.text == "Hola, abuela."
+    job = (await transcribe.get_transcription_job(TranscriptionJobName=name))["TranscriptionJob"]
+    assert job["Subtitles"]["SubtitleFileUris"][0].endswith(f"/{bucket}/transcripts/{name}.vtt")
+    # The identified locale (moto's is en-US) as the port's ISO 639-1 language.
+    assert job["LanguageCode"].split("-")[0] == heard.language == "en"
+    assert heard.has_captions and heard.webvtt() == vtt
 
 
 async def test_unsupported_media_format_is_an_error(transcriber: AwsTranscriber, media: str) -> None:
@@ -288,7 +322,7 @@ async def test_falls_back_to_fetching_the_transcript_uri_over_http(
     await _write_transcript(s3, bucket, elsewhere, name, "por http")
     uri = await s3.generate_presigned_url("get_object", Params={"Bucket": bucket, "Key": elsewhere})
     adapter = AwsTranscriber(_PresignedTranscriptUri(transcribe, uri), s3, bucket, poll_seconds=POLL)
-    assert await adapter.transcribe(bucket_key=media, media_format="m4a", job_name=name) == "por http"
+    assert _text(await adapter.transcribe(bucket_key=media, media_format="m4a", job_name=name)) == "por http"
 
 
 async def test_http_fallback_that_finds_nothing_is_an_error(

@@ -1,0 +1,290 @@
+"""Web Push (RFC 8030) to browsers: VAPID (RFC 8292) and aes128gcm payload
+encryption (RFC 8291) by pywebpush and py-vapid, sent with httpx.
+
+Nothing here is our own cryptography: pywebpush encrypts (through http_ece),
+py-vapid signs. What is ours is where a request may go. A push endpoint is a
+URL a browser gave us, so a person could name any host: every endpoint's host
+is resolved, and an address that is not on the public internet (private,
+loopback, link-local, carrier-grade NAT, cloud metadata) is refused, at
+registration and again at each send; the send then connects to the address
+that was checked (TLS still checks the certificate against the host name), so
+a DNS answer that changes between the check and the connection (rebinding)
+changes nothing. Origins listed in MIFAMILIAS_PUSH_ALLOWED_ORIGINS skip the
+address check (a push service on loopback, for development and tests).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import ipaddress
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from py_vapid import Vapid02, b64urlencode
+from pywebpush import WebPusher
+
+MAX_ENDPOINT = 2048
+# Addresses of cloud metadata services that are public addresses all the same.
+METADATA = frozenset(
+    {
+        ipaddress.ip_address("168.63.129.16"),  # Azure's wire server
+        ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
+        ipaddress.ip_address("169.254.169.254"),
+        ipaddress.ip_address("fd00:ec2::254"),
+    }
+)
+# A VAPID token lasts 12 hours (RFC 8292 allows up to 24) and is signed again
+# an hour before it runs out: one signature per push service and half-day.
+VAPID_LIFETIME = 12 * 3600
+VAPID_RENEW = 3600
+
+
+class Refused(ValueError):
+    """An endpoint we will not send to; the message says why, for a person."""
+
+
+def b64url_decode(value: str) -> bytes:
+    text = value.strip()
+    if not text or any(
+        c not in "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_=" for c in text
+    ):
+        raise ValueError("not base64url")
+    try:
+        return base64.urlsafe_b64decode(text.rstrip("=") + "=" * (-len(text.rstrip("=")) % 4))
+    except (binascii.Error, ValueError) as error:
+        raise ValueError("not base64url") from error
+
+
+def check_p256dh(value: str) -> None:
+    """An uncompressed point on P-256 (65 bytes, 0x04 first), as browsers give."""
+    try:
+        raw = b64url_decode(value)
+    except ValueError:
+        raise Refused("must be base64url, as PushSubscription.toJSON() gives it") from None
+    if len(raw) != 65 or raw[0] != 4:
+        raise Refused("must be an uncompressed P-256 public key (65 bytes)")
+    try:
+        ec.EllipticCurvePublicKey.from_encoded_point(ec.SECP256R1(), raw)
+    except ValueError:
+        raise Refused("is not a point on the P-256 curve") from None
+
+
+def check_auth(value: str) -> None:
+    try:
+        raw = b64url_decode(value)
+    except ValueError:
+        raise Refused("must be base64url, as PushSubscription.toJSON() gives it") from None
+    if len(raw) != 16:
+        raise Refused("must be a 16-byte secret")
+
+
+def origin_of(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.lower()}"
+
+
+def check_url(url: str, allowed: Sequence[str]) -> None:
+    """The URL's form: https (or an allowed origin), a host, nothing odd."""
+    if len(url) > MAX_ENDPOINT:
+        raise Refused(f"must be at most {MAX_ENDPOINT} characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError:
+        raise Refused("is not a URL") from None
+    if origin_of(url) in allowed:
+        return
+    if parts.scheme != "https":
+        raise Refused("must be an https URL")
+    if not parts.hostname or parts.username is not None or parts.password is not None:
+        raise Refused("must be an https URL with a host and no credentials")
+
+
+def public_address(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not ip.is_multicast and ip not in METADATA
+
+
+async def resolve(url: str, allowed: Sequence[str]) -> str | None:
+    """The address to connect to, once every address the host resolves to has
+    been checked; None for an allowed origin (connected to by name)."""
+    check_url(url, allowed)
+    if origin_of(url) in allowed:
+        return None
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(
+            host, parts.port or 443, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )
+    except (OSError, UnicodeError, ValueError):
+        raise Refused("has a host that does not resolve") from None
+    addresses = list(dict.fromkeys(str(info[4][0]) for info in found))
+    if not addresses:
+        raise Refused("has a host that does not resolve")
+    if not all(public_address(a) for a in addresses):
+        raise Refused("must be on the public internet (not a private, loopback or metadata address)")
+    return addresses[0]
+
+
+# VAPID keys ----------------------------------------------------------------------------
+
+
+def load_vapid(data_dir: Path, configured: str | None) -> Vapid02:
+    """MIFAMILIAS_VAPID_PRIVATE_KEY (PEM, or the raw key base64url), or the key
+    in the data directory, generated there on first use (as the auth secret is);
+    two processes starting at once keep the first one written."""
+    if configured:
+        text = configured.strip()
+        if "-----BEGIN" in text:
+            return Vapid02.from_pem(text.encode())
+        return Vapid02.from_raw(text.encode())
+    path = data_dir / "vapid-private.pem"
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fresh = Vapid02()
+        fresh.generate_keys()
+        draft = data_dir / f".vapid-{os.getpid()}-{time.monotonic_ns()}.pem"
+        draft.write_bytes(fresh.private_pem())
+        os.chmod(draft, 0o600)
+        try:
+            os.link(draft, path)  # atomic, and never over a key already there
+        except FileExistsError:
+            pass
+        finally:
+            draft.unlink()
+    return Vapid02.from_file(str(path))
+
+
+def public_key(vapid: Vapid02) -> str:
+    """The application server key for `pushManager.subscribe`, base64url."""
+    raw = vapid.public_key.public_bytes(
+        encoding=serialization.Encoding.X962, format=serialization.PublicFormat.UncompressedPoint
+    )
+    return str(b64urlencode(raw))
+
+
+# Sending ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Subscription:
+    endpoint: str
+    p256dh: str
+    auth: str
+
+
+@dataclass(frozen=True)
+class Message:
+    payload: bytes
+    ttl: int
+    urgency: str  # very-low, low, normal, high (RFC 8030 5.3)
+    topic: str | None = None  # at most 32 base64url characters (RFC 8030 5.4)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    status: int
+    retry_after: str | None = None
+
+    @property
+    def delivered(self) -> bool:
+        return 200 <= self.status < 300
+
+    @property
+    def gone(self) -> bool:
+        """The subscription is no more (RFC 8030 7.3): the device goes."""
+        return self.status in (404, 410)
+
+    @property
+    def retryable(self) -> bool:
+        return self.status == 429 or self.status >= 500 or self.status == 0
+
+
+class WebPushSender:
+    def __init__(
+        self, vapid: Vapid02, subject: str, allowed_origins: Sequence[str], *, timeout: float = 10.0
+    ) -> None:
+        self.vapid = vapid
+        self.subject = subject
+        self.allowed = tuple(allowed_origins)
+        self.client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, http2=False)
+        self._tokens: dict[str, tuple[float, str]] = {}
+
+    @property
+    def public_key(self) -> str:
+        return public_key(self.vapid)
+
+    def authorization(self, audience: str) -> str:
+        now = time.time()
+        cached = self._tokens.get(audience)
+        if cached is not None and cached[0] - now > VAPID_RENEW:
+            return cached[1]
+        expires = int(now) + VAPID_LIFETIME
+        headers = self.vapid.sign({"aud": audience, "exp": expires, "sub": self.subject})
+        token = str(headers["Authorization"])
+        self._tokens[audience] = (float(expires), token)
+        return token
+
+    def _encrypt(self, subscription: Subscription, message: Message) -> bytes:
+        pusher = WebPusher(
+            {
+                "endpoint": subscription.endpoint,
+                "keys": {"p256dh": subscription.p256dh, "auth": subscription.auth},
+            }
+        )
+        body: bytes = pusher.encode(message.payload, content_encoding="aes128gcm")["body"]
+        return body
+
+    async def send(self, subscription: Subscription, message: Message) -> Outcome:
+        """One push. Raises `Refused` when the endpoint's host now resolves
+        somewhere it may not go; a network failure is status 0 (retried)."""
+        address = await resolve(subscription.endpoint, self.allowed)
+        # Encrypting is an ECDH and an AES-GCM: off the loop, with the signature.
+        body, authorization = await asyncio.to_thread(self._prepare, subscription, message)
+        headers = {
+            "TTL": str(message.ttl),
+            "Urgency": message.urgency,
+            "Content-Encoding": "aes128gcm",
+            "Content-Type": "application/octet-stream",
+            "Authorization": authorization,
+        }
+        if message.topic:
+            headers["Topic"] = message.topic
+        url, extensions = _pinned(subscription.endpoint, address)
+        if address is not None:
+            headers["Host"] = urlsplit(subscription.endpoint).netloc
+        try:
+            response = await self.client.post(url, content=body, headers=headers, extensions=extensions)
+        except httpx.HTTPError:
+            return Outcome(0)
+        return Outcome(response.status_code, response.headers.get("Retry-After"))
+
+    def _prepare(self, subscription: Subscription, message: Message) -> tuple[bytes, str]:
+        return self._encrypt(subscription, message), self.authorization(origin_of(subscription.endpoint))
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+def _pinned(endpoint: str, address: str | None) -> tuple[str, Mapping[str, object]]:
+    """The URL with its host replaced by the checked address, and the TLS name
+    to verify the certificate against (the host's own)."""
+    if address is None:
+        return endpoint, {}
+    parts = urlsplit(endpoint)
+    literal = f"[{address}]" if ":" in address else address
+    netloc = f"{literal}:{parts.port}" if parts.port else literal
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")), {"sni_hostname": parts.hostname}

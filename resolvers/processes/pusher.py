@@ -1,0 +1,425 @@
+"""The push worker: it runs in every server process and sends each
+notification to its person's devices, once per device, however many run.
+
+The notification is the outbox: `notifications.write` puts every note in the
+push outbox (GSI1 `PUSH_OUTBOX`) in the transaction that writes it. A worker
+claims a note under a lease, reads what decides the push now (the person's
+`pushTypes`, their membership of the family and whether it is muted, the
+capsule's status, their devices), sends to each device not yet pushed to,
+records each device it reached on the note (`pushedTo`), and settles the note
+out of the outbox, every write conditioned on the lease. A process killed
+between the claim and a send leaves a lease that runs out: the next claim
+sends to the devices not recorded. A push service that answers 429 or 5xx
+has the note handed back with `pushRetryAt` (its Retry-After, or a backoff);
+404 or 410 (a disabled SNS endpoint) removes the device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Protocol
+
+from resolvers.adapters.broker import Broker
+from resolvers.adapters.sns import NativeMessage, SnsPush
+from resolvers.adapters.webpush import Message, Refused, Subscription, WebPushSender
+from resolvers.core import leases
+from resolvers.core.config import Settings
+from resolvers.core.leases import Lease
+from resolvers.domain import notifications, push
+from resolvers.domain.access import READERS
+from resolvers.processes.leased import Claim, LeasedQueue, LeaseSpec
+from store import keys
+from store.enums import CapsuleStatus, NotificationType, PushPlatform
+from store.items import Capsule, Family, Membership, Notification, PushDevice, User, iso
+from store.port import Condition, ConditionFailed, Exists, Item, Key, Table, Update, all_of, eq, every_item
+
+log = logging.getLogger("mifamilias.pusher")
+
+# A note is given up after this many rounds of retryable failures.
+MAX_ATTEMPTS = 8
+# Backoff between rounds when the push service says nothing of when to come back.
+FIRST_BACKOFF = timedelta(seconds=2)
+MAX_BACKOFF = timedelta(hours=1)
+# A Retry-After longer than this is held to it (a note still matters tomorrow;
+# a push service asking for a week is not followed that far).
+MAX_RETRY_AFTER = timedelta(hours=6)
+# A capsule still opening is asked about again this soon.
+OPENING_WAIT = timedelta(seconds=5)
+
+
+@dataclass
+class Sent:
+    """What one round of sends did."""
+
+    delivered: list[PushDevice]
+    gone: list[PushDevice]
+    retry_after: timedelta | None = None  # the longest a push service asked for
+    failed: bool = False  # a retryable failure without a Retry-After
+
+
+def retry_delay(value: str | None, now: datetime) -> timedelta | None:
+    """Retry-After as seconds or an HTTP date (RFC 9110 10.2.3); None if absent or unreadable."""
+    if not value:
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return min(timedelta(seconds=int(text)), MAX_RETRY_AFTER)
+    try:
+        moment = parsedate_to_datetime(text)
+    except (TypeError, ValueError):
+        return None
+    return max(timedelta(0), min(moment - now, MAX_RETRY_AFTER))
+
+
+def backoff(attempt: int) -> timedelta:
+    """Exponential with jitter: 2 s, 4 s, 8 s ... up to an hour."""
+    base: timedelta = min(FIRST_BACKOFF * (2 ** max(attempt - 1, 0)), MAX_BACKOFF)
+    return base * (0.5 + random.random() / 2)
+
+
+class Held(Protocol):
+    """The lease a handler works under."""
+
+    def held(self) -> Condition: ...
+
+    def finish(self, update: Update) -> Update: ...
+
+
+class Pusher:
+    def __init__(
+        self,
+        *,
+        table: Table,
+        settings: Settings,
+        clock: Callable[[], datetime],
+        web: WebPushSender | None,
+        native: SnsPush | None,
+    ) -> None:
+        self.table = table
+        self.settings = settings
+        self.clock = clock
+        self.web = web
+        self.native = native
+
+    # One note ------------------------------------------------------------------------
+
+    async def handle(self, item: Item, lease: Held) -> None:
+        """Pushes one claimed note; every write to it is conditioned on still
+        holding its lease, and the last one lets go of it."""
+        finish = lease.finish
+        note = Notification.from_item(item)
+        now = self.clock()
+        user_item, member_item, family_item, capsule_item, devices = await asyncio.gather(
+            self.table.get(keys.user(note.user_id)),
+            self.table.get(keys.member(note.family_id, note.user_id)) if note.family_id else _none(),
+            self.table.get(keys.family(note.family_id)) if note.family_id else _none(),
+            self.table.get(keys.capsule(note.capsule_id)) if note.capsule_id else _none(),
+            push.devices_of(self.table, note.user_id),
+        )
+        if note.type == NotificationType.CAPSULE_UNLOCKED:
+            capsule = Capsule.from_item(capsule_item) if capsule_item else None
+            if capsule is not None and capsule.status == CapsuleStatus.UNLOCKING:
+                # Its notes are written just before it opens: nothing is said of
+                # a capsule until it has.
+                await self.table.update(finish(self._later(note, item, now + OPENING_WAIT, count=False)))
+                return
+            if capsule is None or capsule.status not in (CapsuleStatus.AVAILABLE, CapsuleStatus.ARCHIVED):
+                await self.table.update(finish(self._settled(note, "skipped")))
+                return
+        if not self._wanted(note, user_item, member_item, now) or not devices:
+            await self.table.update(finish(self._settled(note, "skipped")))
+            return
+        family_name = Family.from_item(family_item).name if family_item else None
+        said = push.push_for(note, notifications.public_id(note), family_name)
+        pending = [d for d in devices if d.id not in note.pushed_to]
+        reached = list(note.pushed_to)
+        recording = asyncio.Lock()
+
+        async def record(device: PushDevice) -> None:
+            # Each device as soon as it is reached: a process killed after this
+            # leaves the next claim to the devices not reached yet.
+            async with recording:
+                reached.append(device.id)
+                await self.table.update(
+                    Update(
+                        note.key, set={"pushedTo": list(reached)}, condition=all_of(Exists(), lease.held())
+                    )
+                )
+
+        sent = await self._send_all(pending, said, now, record)
+        await asyncio.gather(*(self._forget(device) for device in sent.gone))
+        attempts = int(item.get("pushAttempts", 0)) + 1
+        if (sent.retry_after is not None or sent.failed) and attempts < MAX_ATTEMPTS:
+            wait = sent.retry_after if sent.retry_after is not None else backoff(attempts)
+            later = self._later(note, item, now + wait, count=True, pushed_to=reached)
+            await self.table.update(finish(later))
+            return
+        await self.table.update(finish(self._settled(note, "sent", pushed_to=reached)))
+
+    def _wanted(
+        self, note: Notification, user_item: Item | None, member_item: Item | None, now: datetime
+    ) -> bool:
+        """Decided at send time: the person wants this kind pushed, still reads
+        the family, and has not muted it."""
+        if user_item is None:
+            return False
+        if note.type not in push.push_types_of(User.from_item(user_item)):
+            return False
+        if note.family_id is None:
+            return True
+        if member_item is None:
+            return False
+        membership = Membership.from_item(member_item)
+        return membership.role in READERS and not push.muted(membership, now)
+
+    def _settled(self, note: Notification, state: str, pushed_to: Sequence[str] | None = None) -> Update:
+        """Out of the push outbox for good."""
+        changes: dict[str, object] = {"pushState": state}
+        if pushed_to is not None:
+            changes["pushedTo"] = list(pushed_to)
+        return Update(note.key, set=changes, remove=["GSI1PK", "GSI1SK", "pushRetryAt"], condition=Exists())
+
+    def _later(
+        self,
+        note: Notification,
+        item: Item,
+        at: datetime,
+        *,
+        count: bool,
+        pushed_to: Sequence[str] | None = None,
+    ) -> Update:
+        changes: dict[str, object] = {"pushRetryAt": iso(at)}
+        if pushed_to is not None:
+            changes["pushedTo"] = list(pushed_to)
+        return Update(note.key, set=changes, add={"pushAttempts": 1} if count else {}, condition=Exists())
+
+    # Sending -------------------------------------------------------------------------
+
+    async def _send_all(
+        self,
+        devices: Sequence[PushDevice],
+        said: push.Push,
+        now: datetime,
+        record: Callable[[PushDevice], Awaitable[None]],
+    ) -> Sent:
+        sent = Sent([], [])
+
+        async def one(device: PushDevice) -> str | timedelta:
+            result = await self._send(device, said, now)
+            if result in ("delivered", "collapsed"):
+                await record(device)
+            return result
+
+        results = await asyncio.gather(*(one(device) for device in devices))
+        for device, result in zip(devices, results, strict=True):
+            if result == "delivered" or result == "collapsed":
+                sent.delivered.append(device)
+            elif result == "gone":
+                sent.gone.append(device)
+            elif isinstance(result, timedelta):
+                sent.retry_after = max(sent.retry_after or timedelta(0), result)
+            elif result == "retry":
+                sent.failed = True
+        return sent
+
+    async def _send(self, device: PushDevice, said: push.Push, now: datetime) -> str | timedelta:
+        """One of "delivered", "collapsed", "gone", "retry", "refused", or how
+        long the push service asked to wait."""
+        recently = iso(now - timedelta(seconds=push.COLLAPSE_SECONDS))
+        if said.collapse and device.last_topic == said.collapse and (device.last_topic_at or "") > recently:
+            return "collapsed"  # a push of this topic reached it within the minute
+        try:
+            if device.platform == PushPlatform.WEB:
+                outcome = await self._send_web(device, said, now)
+            else:
+                outcome = await self._send_native(device, said)
+        except Exception:
+            log.exception("push to device %s of %s failed", device.id, device.user_id)
+            return "retry"
+        if outcome == "delivered":
+            await self._pushed(device, said, now)
+        return outcome
+
+    async def _send_web(self, device: PushDevice, said: push.Push, now: datetime) -> str | timedelta:
+        if self.web is None or not (device.endpoint and device.p256dh and device.auth):
+            return "refused"
+        subscription = Subscription(device.endpoint, device.p256dh, device.auth)
+        message = Message(said.web_payload(), ttl=said.ttl, urgency=said.urgency, topic=said.collapse)
+        try:
+            outcome = await self.web.send(subscription, message)
+        except Refused as error:
+            # The host now resolves somewhere it may not go: not sent, and not
+            # tried again for this note (the device stays; it may come back).
+            log.warning("push endpoint of device %s refused at send: %s", device.id, error)
+            return "refused"
+        if outcome.delivered:
+            return "delivered"
+        if outcome.gone:
+            return "gone"
+        if outcome.retryable:
+            wait = retry_delay(outcome.retry_after, now)
+            return wait if wait is not None else "retry"
+        log.warning("push service answered %s for device %s: not retried", outcome.status, device.id)
+        return "refused"
+
+    async def _send_native(self, device: PushDevice, said: push.Push) -> str:
+        if self.native is None or not device.sns_endpoint_arn or not self.native.configured(device.platform):
+            return "refused"
+        message = NativeMessage(
+            title=said.title,
+            body=said.body,
+            data={"id": said.id, "type": said.type, "familyId": said.family_id},
+            collapse=said.collapse,
+            high=said.urgency == "high",
+            ttl=said.ttl,
+        )
+        outcome = await self.native.publish(device.platform, device.sns_endpoint_arn, message)
+        if outcome.delivered:
+            return "delivered"
+        if outcome.gone:
+            return "gone"
+        return "retry" if outcome.retryable else "refused"
+
+    async def _pushed(self, device: PushDevice, said: push.Push, now: datetime) -> None:
+        changes: dict[str, object] = {"lastPushedAt": iso(now)}
+        if said.collapse:
+            changes.update({"lastTopic": said.collapse, "lastTopicAt": iso(now)})
+        try:
+            await self.table.update(Update(device.key, set=changes, condition=Exists()))
+        except Exception:
+            log.debug("device %s went while it was pushed to", device.id)
+
+    async def _forget(self, device: PushDevice) -> None:
+        log.info("push device %s of %s is gone at its push service: removed", device.id, device.user_id)
+        if await push.remove(self.table, device) and self.native is not None and device.sns_endpoint_arn:
+            await self.native.forget(device.sns_endpoint_arn)
+
+
+async def _none() -> None:
+    return None
+
+
+# Running ---------------------------------------------------------------------------------
+
+# What a worker may claim: a note still in the push outbox.
+SPEC = LeaseSpec("push", claimable=eq("GSI1PK", keys.PUSH_OUTBOX_PK))
+
+
+@dataclass(frozen=True)
+class Holding:
+    """The lease of one claimed note, as the `Pusher` uses it."""
+
+    lease: Lease
+
+    def held(self) -> Condition:
+        return self.lease.held()
+
+    def finish(self, update: Update) -> Update:
+        """The note's last write: it lets go of the lease, if still ours."""
+        return Update(
+            update.key,
+            set={**update.set, **leases.CLEARED},
+            remove=update.remove,
+            add=update.add,
+            condition=all_of(update.condition, self.held()) if update.condition else self.held(),
+        )
+
+
+class PushQueue:
+    """The push worker of one process: a leased queue of notes (the one
+    leased-worker primitive), fed by the broker's word of new notes and by a
+    scan of the push outbox (GSI1) for the rest: a process that died, a queue
+    that was full, a note handed back for later."""
+
+    def __init__(
+        self,
+        pusher: Pusher,
+        *,
+        table: Table,
+        broker: Broker | None,
+        clock: Callable[[], datetime],
+        lease: timedelta,
+        workers: int,
+        queue_size: int = 10_000,
+    ) -> None:
+        self.pusher = pusher
+        self.table = table
+        self.broker = broker
+        self.clock = clock
+        self.jobs = LeasedQueue(
+            SPEC,
+            table=table,
+            clock=clock,
+            lease=lease,
+            handle=self._handle,
+            workers=workers,
+            queue_size=queue_size,
+        )
+        self.queue = self.jobs.queue
+        self._listener: asyncio.Task[None] | None = None
+        self._running = False
+
+    @property
+    def owner(self) -> str:
+        return self.jobs.owner
+
+    def submit(self, key: Key) -> None:
+        self.jobs.submit(key)
+
+    async def start(self) -> None:
+        self._running = True
+        await self.jobs.start()
+        if self.broker is not None and self._listener is None:
+            self._listener = asyncio.create_task(self._listen(self.broker), name="push-listener")
+
+    async def stop(self) -> None:
+        self._running = False
+        if self._listener is not None:
+            self._listener.cancel()
+            await asyncio.gather(self._listener, return_exceptions=True)
+            self._listener = None
+        await self.jobs.stop()
+
+    async def _listen(self, broker: Broker) -> None:
+        async with broker.subscribe(notifications.PUSH_CHANNEL) as events:
+            async for event in events:
+                for user, created_at, note_id in event.get("notes", []):
+                    self.submit(keys.notification(user, created_at, note_id))
+
+    async def _handle(self, claim: Claim) -> None:
+        try:
+            await self.pusher.handle(claim.item, Holding(claim.lease))
+        except ConditionFailed:
+            log.warning("push of %s: its lease ran out while it was sent", claim.key[0])
+
+    async def run(self, key: Key) -> bool:
+        return await self.jobs.run(key)
+
+    async def due(self) -> list[Key]:
+        """The notes of the push outbox that no live lease holds and that are
+        not waiting for a retry."""
+        now = self.clock()
+        moment = iso(now)
+        return [
+            (item["PK"], item["SK"])
+            async for item in every_item(self.table, keys.PUSH_OUTBOX_PK, index="GSI1")
+            if not leases.is_live(item, now) and str(item.get("pushRetryAt") or "") <= moment
+        ]
+
+    async def recover(self) -> int:
+        """Queues what is due; nothing while stopped (its workers would not run it)."""
+        if not self._running:
+            return 0
+        found = 0
+        for key in await self.due():
+            if self.queue.full():
+                break
+            self.submit(key)
+            found += 1
+        return found

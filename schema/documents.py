@@ -1,0 +1,121 @@
+"""Parsed and validated documents, cached for signed-in requests only.
+
+Clients send a few fixed documents, so parsing and validating each once per
+process is most of what a cache can save. But a cache is memory anyone can
+fill with unique texts: so only a request with a valid token may add to it,
+a document longer than `MAX_CACHED_CHARS` is never kept, and the cache is
+bounded in entries and in the characters of the texts it holds (a parsed
+document is a multiple of its text, so the text is the measure). Anything
+else is parsed and validated by Strawberry as if there were no cache.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from graphql import DocumentNode, GraphQLError, parse
+from strawberry.extensions import SchemaExtension
+
+from resolvers.core.context import Context
+
+MAX_ENTRIES = 256
+MAX_CHARS = 1 << 20
+MAX_CACHED_CHARS = 16 * 1024
+
+
+class Documents:
+    """An LRU of (document, validation errors by rules), keyed by the text and
+    the parse options, bounded in entries and in characters."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:
+        self.max_entries = max_entries
+        self.max_chars = max_chars
+        self.chars = 0
+        self._entries: OrderedDict[tuple[str, str], tuple[DocumentNode, dict[Any, list[GraphQLError]]]] = (
+            OrderedDict()
+        )
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple[str, str]) -> tuple[DocumentNode, dict[Any, list[GraphQLError]]] | None:
+        found = self._entries.get(key)
+        if found is not None:
+            self._entries.move_to_end(key)
+        return found
+
+    def put(self, key: tuple[str, str], document: DocumentNode) -> dict[Any, list[GraphQLError]]:
+        validated: dict[Any, list[GraphQLError]] = {}
+        self._entries[key] = (document, validated)
+        self.chars += len(key[0])
+        while len(self._entries) > self.max_entries or self.chars > self.max_chars:
+            (text, _), _ = self._entries.popitem(last=False)
+            self.chars -= len(text)
+        return validated
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.chars = 0
+
+
+# One per process, shared by every request (as Strawberry's caches are).
+documents = Documents()
+
+
+def _key(execution_context: Any) -> tuple[str, str] | None:
+    """The cache key of a signed-in request's document; None when it may not
+    use the cache."""
+    context = execution_context.context
+    query = execution_context.query
+    if (
+        isinstance(context, Context)
+        and context.signed_in_error() is None
+        and isinstance(query, str)
+        and len(query) <= MAX_CACHED_CHARS
+    ):
+        return query, repr(sorted(execution_context.parse_options.items()))
+    return None
+
+
+class DocumentCache(SchemaExtension):
+    """Parse and validation, from `documents` for signed-in requests."""
+
+    def on_parse(self) -> Iterator[None]:
+        execution_context = self.execution_context
+        key = _key(execution_context)
+        if key is not None:
+            found = documents.get(key)
+            if found is None:
+                try:
+                    document = parse(key[0], **execution_context.parse_options)
+                except GraphQLError as error:
+                    # Raised from a hook, it leaves before the operation has a
+                    # result to relabel: it gets its code here.
+                    if not (error.extensions or {}).get("code"):
+                        error.extensions = {**(error.extensions or {}), "code": "BAD_USER_INPUT"}
+                    raise
+                documents.put(key, document)
+            else:
+                document = found[0]
+            execution_context.graphql_document = document
+        yield
+
+    def on_validate(self) -> Iterator[None]:
+        execution_context = self.execution_context
+        key = _key(execution_context)
+        found = documents.get(key) if key is not None else None
+        if found is not None and found[0] is execution_context.graphql_document:
+            from strawberry.schema.schema import validate_document
+
+            document, validated = found
+            rules = (id(execution_context.schema), tuple(execution_context.validation_rules))
+            if rules not in validated:
+                if len(validated) >= 4:
+                    validated.clear()  # the rules are fixed per schema: a few at most
+                validated[rules] = validate_document(
+                    execution_context.schema._schema, document, execution_context.validation_rules
+                )
+            execution_context.pre_execution_errors = validated[rules]
+        yield

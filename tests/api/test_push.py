@@ -1,0 +1,343 @@
+"""Push devices and Web Push, in process on both engines, against a push
+service on loopback that checks VAPID and decrypts every payload
+(tests/push_service.py)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.api.conftest import Api, running_api
+from tests.api.test_capsules import SCHEDULE, make_capsule
+from tests.factories import family_with_members, settle, upload
+from tests.push_service import PushService, running_push_service
+
+REGISTER = "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id platform name createdAt lastPushedAt } }"
+DEVICES = "{ myPushDevices { id platform name } }"
+UNREGISTER = "mutation($id: ID!) { unregisterPushDevice(id: $id) }"
+NOTES = "{ notifications(first: 50) { edges { node { id type read } } } }"
+COMMENT = "mutation($id: ID!, $b: String!) { addComment(contentId: $id, body: $b) { id } }"
+PUSH_TYPES = "mutation($t: [NotificationType!]) { updateProfile(input: {pushTypes: $t}) { pushTypes } }"
+MUTE = "mutation($f: ID!, $u: DateTime) { muteFamily(familyId: $f, until: $u) }"
+
+
+@pytest.fixture
+def service() -> Iterator[PushService]:
+    with running_push_service() as found:
+        yield found
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+async def api(request: pytest.FixtureRequest, tmp_path: Path, service: PushService) -> AsyncIterator[Api]:
+    async with running_api(
+        request.param, "local", tmp_path, request, push_allowed_origins=(service.origin,)
+    ) as app:
+        await app.sign_in("ana")
+        service.server_key = (await app.ok("{ webPushPublicKey }", as_="ana"))["webPushPublicKey"]
+        yield app
+
+
+async def pushed(api: Api) -> None:
+    """Until every note in the push outbox that may go now has been handled."""
+    pusher = api.services.pusher
+    await pusher.recover()
+    await pusher.queue.join()
+
+
+async def register(api: Api, service: PushService, person: str, name: str) -> str:
+    browser = service.browsers.get(name) or service.browser(name)
+    return str((await api.ok(REGISTER, {"i": browser.input()}, as_=person))["registerPushDevice"]["id"])
+
+
+async def note_ids(api: Api, person: str) -> dict[str, str]:
+    edges = (await api.ok(NOTES, as_=person))["notifications"]["edges"]
+    return {e["node"]["id"]: e["node"]["type"] for e in edges}
+
+
+# Devices -------------------------------------------------------------------------------
+
+
+async def test_devices_are_registered_updated_listed_and_removed_by_their_owner_alone(
+    api: Api, service: PushService
+) -> None:
+    await api.sign_in("ben")
+    browser = service.browser("laptop")
+    first = (await api.ok(REGISTER, {"i": browser.input("Laptop")}, as_="ana"))["registerPushDevice"]
+    assert first["platform"] == "WEB" and first["name"] == "Laptop" and first["lastPushedAt"] is None
+    # The same endpoint again: the same device, updated.
+    again = (await api.ok(REGISTER, {"i": browser.input("Portátil")}, as_="ana"))["registerPushDevice"]
+    assert again["id"] == first["id"] and again["createdAt"] == first["createdAt"]
+    assert (await api.ok(DEVICES, as_="ana"))["myPushDevices"] == [
+        {"id": first["id"], "platform": "WEB", "name": "Portátil"}
+    ]
+    # Someone else's device is never touched, nor listed.
+    assert (await api.ok(DEVICES, as_="ben"))["myPushDevices"] == []
+    before = await api.snapshot()
+    assert (await api.ok(UNREGISTER, {"id": first["id"]}, as_="ben"))["unregisterPushDevice"] is False
+    assert (await api.ok(UNREGISTER, {"id": "nope#x"}, as_="ben"))["unregisterPushDevice"] is False
+    assert await api.snapshot() == before
+    assert (await api.ok(UNREGISTER, {"id": first["id"]}, as_="ana"))["unregisterPushDevice"] is True
+    assert (await api.ok(DEVICES, as_="ana"))["myPushDevices"] == []
+    assert (await api.ok(UNREGISTER, {"id": first["id"]}, as_="ana"))["unregisterPushDevice"] is False
+
+
+async def test_the_21st_device_takes_the_place_of_the_oldest(api: Api, service: PushService) -> None:
+    ids = []
+    for n in range(20):
+        ids.append(await register(api, service, "ana", f"b{n}"))
+        api.clock.advance(seconds=1)
+    assert len((await api.ok(DEVICES, as_="ana"))["myPushDevices"]) == 20
+    newest = await register(api, service, "ana", "b20")
+    listed = [d["id"] for d in (await api.ok(DEVICES, as_="ana"))["myPushDevices"]]
+    assert len(listed) == 20 and ids[0] not in listed and newest in listed
+    # Refreshing a device makes it young again: the next to go is b2, not b1.
+    api.clock.advance(seconds=1)
+    await register(api, service, "ana", "b1")
+    await register(api, service, "ana", "b21")
+    listed = [d["id"] for d in (await api.ok(DEVICES, as_="ana"))["myPushDevices"]]
+    assert len(listed) == 20 and ids[1] in listed and ids[2] not in listed
+
+
+P256_NOT_ON_CURVE = "BA" + "A" * 85  # 65 bytes, 0x04 first, (0, 0) is not on the curve
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"endpoint": "http://push.example.org/x"}, "endpoint"),
+        ({"endpoint": "https://127.0.0.1/x"}, "endpoint"),
+        ({"endpoint": "https://localhost/x"}, "endpoint"),
+        ({"endpoint": "https://10.1.2.3/x"}, "endpoint"),
+        ({"endpoint": "https://192.168.0.10:8443/x"}, "endpoint"),
+        ({"endpoint": "https://169.254.169.254/latest/meta-data"}, "endpoint"),
+        ({"endpoint": "https://[::1]/x"}, "endpoint"),
+        ({"endpoint": "https://[::ffff:10.0.0.1]/x"}, "endpoint"),
+        ({"endpoint": "https://[fd00:ec2::254]/x"}, "endpoint"),
+        ({"endpoint": "https://100.100.100.200/x"}, "endpoint"),
+        ({"endpoint": "https://user:pw@93.184.216.34/x"}, "endpoint"),
+        ({"endpoint": "https://no-such-host.invalid/x"}, "endpoint"),
+        ({"endpoint": None}, "endpoint"),
+        ({"p256dh": "not base64!"}, "p256dh"),
+        ({"p256dh": "AAAA"}, "p256dh"),
+        ({"p256dh": P256_NOT_ON_CURVE}, "p256dh"),
+        ({"auth": "AAAAAAAAAAAAAAAAAAAA"}, "auth"),  # 15 bytes
+        ({"auth": None}, "auth"),
+        ({"token": "abc"}, "token"),
+        (
+            {"platform": "APNS", "endpoint": None, "p256dh": None, "auth": None, "token": "ab" * 32},
+            "platform",
+        ),
+        ({"platform": "FCM", "endpoint": None, "p256dh": None, "auth": None, "token": "x:y"}, "platform"),
+    ],
+)
+async def test_refusals_name_the_field_and_change_nothing(
+    api: Api, service: PushService, changes: dict[str, Any], field: str
+) -> None:
+    given = {**service.browser("b").input(), **changes}
+    before = await api.snapshot()
+    body = await api.post(REGISTER, {"i": given}, as_="ana")
+    error = body["errors"][0]
+    assert error["extensions"]["code"] == "BAD_USER_INPUT", error
+    assert error["extensions"].get("field") == field and error["message"].startswith(field), error
+    assert await api.snapshot() == before
+
+
+async def test_a_public_address_is_accepted(api: Api, service: PushService) -> None:
+    given = {**service.browser("b").input(), "endpoint": "https://93.184.216.34/push/abc"}
+    assert (await api.ok(REGISTER, {"i": given}, as_="ana"))["registerPushDevice"]["platform"] == "WEB"
+
+
+# Web Push --------------------------------------------------------------------------------
+
+
+async def test_a_push_names_its_notification_and_is_encrypted_for_its_browser(
+    api: Api, service: PushService
+) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    await register(api, service, "ben", "phone")
+    await register(api, service, "ben", "laptop")
+    await upload(
+        api, "ana", family_id, "TEXT", b"un secreto de familia", "text/plain", title="Título privado"
+    )
+    await settle(api)
+    await pushed(api)
+    assert service.problems == []
+    notes = await note_ids(api, "ben")
+    for browser in ("phone", "laptop"):
+        [got] = service.to(browser)
+        assert set(got.payload) == {"id", "type", "familyId", "title", "body"}
+        assert got.payload["type"] == "NEW_CONTENT" and got.payload["familyId"] == family_id
+        assert notes[got.payload["id"]] == "NEW_CONTENT"  # the public id, as listed
+        assert "secreto" not in str(got.payload) and "Título" not in str(got.payload)
+        assert got.headers["urgency"] == "normal" and got.claims["aud"] == service.origin
+    # Pushed once: another pass sends nothing more.
+    await pushed(api)
+    assert len(service.to("phone")) == 1
+    assert all(d["id"] for d in (await api.ok(DEVICES, as_="ben"))["myPushDevices"])
+    [device] = [
+        d
+        for d in (await api.ok("{ myPushDevices { name lastPushedAt } }", as_="ben"))["myPushDevices"]
+        if d["name"] == "phone"
+    ]
+    assert device["lastPushedAt"] is not None
+
+
+async def test_410_removes_the_device_and_429_is_retried_after_its_retry_after(
+    api: Api, service: PushService
+) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    await register(api, service, "ben", "gone")
+    await register(api, service, "ben", "busy")
+    service.answer("gone", 410)
+    service.answer("busy", 429, {"Retry-After": "120"})
+    await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    await pushed(api)
+    assert [d["name"] for d in (await api.ok(DEVICES, as_="ben"))["myPushDevices"]] == ["busy"]
+    assert service.to("busy") == []
+    api.clock.advance(seconds=100)
+    await pushed(api)
+    assert service.to("busy") == []  # not before its Retry-After
+    api.clock.advance(seconds=30)
+    await pushed(api)
+    assert len(service.to("busy")) == 1 and service.to("gone") == []
+    await pushed(api)
+    assert len(service.to("busy")) == 1
+
+
+async def test_a_5xx_is_retried_with_backoff(api: Api, service: PushService) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    await register(api, service, "ben", "flaky")
+    service.answer("flaky", 503, times=2)
+    await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    for _ in range(3):
+        await pushed(api)
+        api.clock.advance(seconds=10)
+    assert len(service.to("flaky")) == 1
+
+
+async def test_a_member_who_left_hears_nothing_more(api: Api, service: PushService) -> None:
+    family_id = await family_with_members(api, "ana", ["ben", "cy"])
+    await register(api, service, "ben", "ben")
+    await register(api, service, "cy", "cy")
+    await api.services.pusher.stop()  # the note waits in the outbox
+    await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    # ben leaves before the push goes: it is decided at send time.
+    await api.ok("mutation($f: ID!) { leaveFamily(familyId: $f) }", {"f": family_id}, as_="ben")
+    await api.services.pusher.start()
+    await pushed(api)
+    assert service.to("ben") == [] and len(service.to("cy")) == 1
+
+
+async def test_a_capsule_is_pushed_once_open_and_says_nothing_of_what_it_holds(
+    api: Api, service: PushService
+) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    await register(api, service, "ben", "ben")
+    capsule_id = await make_capsule(api, "ana", family_id, ["ben"], hours=1)
+    await api.ok(SCHEDULE, {"id": capsule_id}, as_="ana")
+    await upload(
+        api,
+        "ana",
+        family_id,
+        "TEXT",
+        b"te quiero mucho",
+        "text/plain",
+        title="Para Ben",
+        capsule_id=capsule_id,
+    )
+    await settle(api)
+    await pushed(api)
+    assert service.to("ben") == []  # sealed: nothing at all before the opening
+    api.clock.advance(hours=1, seconds=1)
+    assert (await api.services.scheduler.run_once()).unlocked == 1
+    await pushed(api)
+    [got] = service.to("ben")
+    assert got.payload["type"] == "CAPSULE_UNLOCKED" and got.headers["urgency"] == "high"
+    assert "quiero" not in str(got.payload) and "Para Ben" not in str(got.payload)
+
+
+async def test_push_types_and_a_muted_family_are_honoured_at_send_time(
+    api: Api, service: PushService
+) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    await register(api, service, "ben", "ben")
+    await register(api, service, "ana", "ana")
+    defaults = (await api.ok("{ me { pushTypes } }", as_="ben"))["me"]["pushTypes"]
+    assert set(defaults) == {"CAPSULE_UNLOCKED", "NEW_COMMENT", "NEW_CONTENT", "MEMBER_PENDING"}
+    assert (await api.ok(PUSH_TYPES, {"t": ["CAPSULE_UNLOCKED"]}, as_="ben"))["updateProfile"][
+        "pushTypes"
+    ] == ["CAPSULE_UNLOCKED"]
+    later = (api.clock.moment.replace(year=api.clock.moment.year + 1)).isoformat()
+    assert (await api.ok(MUTE, {"f": family_id, "u": later}, as_="ana"))["muteFamily"] is True
+    post = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    await api.ok(COMMENT, {"id": post, "b": "qué bien"}, as_="ben")
+    await pushed(api)
+    assert service.to("ben") == [] and service.to("ana") == []
+    # Unmuted, the next comment reaches ana.
+    assert (await api.ok(MUTE, {"f": family_id, "u": None}, as_="ana"))["muteFamily"] is True
+    await api.ok(COMMENT, {"id": post, "b": "otra vez"}, as_="ben")
+    await pushed(api)
+    assert [r.payload["type"] for r in service.to("ana")] == ["NEW_COMMENT"]
+    code, _ = await api.error(MUTE, {"f": family_id, "u": None}, as_="dee")
+    assert code == "NOT_FOUND"
+    body = await api.post(PUSH_TYPES, {"t": ["NOPE"]}, as_="ben")
+    assert body["errors"]
+
+
+async def test_comments_on_one_content_within_a_minute_are_one_push(api: Api, service: PushService) -> None:
+    family_id = await family_with_members(api, "ana", ["ben", "cy"])
+    await register(api, service, "ana", "ana")
+    post = await upload(api, "ana", family_id, "TEXT", b"mi nota", "text/plain")
+    await settle(api)
+    for person in ("ben", "cy", "ben"):
+        await api.ok(COMMENT, {"id": post, "b": f"de {person}"}, as_=person)
+        api.clock.advance(seconds=10)
+        await pushed(api)
+    [got] = service.to("ana")
+    assert got.payload["type"] == "NEW_COMMENT" and got.headers.get("topic")
+    # Three notifications all the same, unread.
+    assert list((await note_ids(api, "ana")).values()).count("NEW_COMMENT") == 3
+    api.clock.advance(seconds=60)
+    await api.ok(COMMENT, {"id": post, "b": "un minuto después"}, as_="cy")
+    await pushed(api)
+    assert len(service.to("ana")) == 2
+
+
+async def test_an_endpoint_whose_host_now_resolves_privately_is_not_sent_to(
+    api: Api, service: PushService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: the host resolved publicly at registration and resolves to
+    loopback at the send; the send is refused before any connection."""
+    import asyncio
+    import socket
+
+    answers = {"push.rebind.example": "93.184.216.34"}
+    loop = asyncio.get_running_loop()
+    real = loop.getaddrinfo
+
+    async def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if host in answers:
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], port))]
+        return await real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "getaddrinfo", getaddrinfo)
+    family_id = await family_with_members(api, "ana", ["ben"])
+    browser = service.browser("rebound")
+    given = {**browser.input(), "endpoint": "https://push.rebind.example/push/rebound"}
+    await api.ok(REGISTER, {"i": given}, as_="ben")
+    answers["push.rebind.example"] = "127.0.0.1"
+    connections: list[Any] = []
+    sender = api.services.web_push
+    monkeypatch.setattr(sender.client, "post", lambda *a, **k: connections.append(a))
+    await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    await pushed(api)
+    assert connections == []
+    assert [d["name"] for d in (await api.ok(DEVICES, as_="ben"))["myPushDevices"]] == ["rebound"]

@@ -1,0 +1,151 @@
+"""Transcription across a crash, with real server processes on each engine: a server
+SIGKILLed while its speech worker decodes takes that worker with it, and the next process
+resumes the content from TRANSCRIBING to READY with its transcript."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import jiwer
+import pytest
+
+from resolvers.core.auth import mint_token
+from tests import media_factory as mf
+from tests.servers import SECRET, ServerProcess, engine_env, until
+
+ANA = mint_token(SECRET, "ana", given_name="Ana")
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+async def engine(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]]:
+    async with engine_env(request.param, request) as env:
+        yield env
+
+
+def _env(engine: dict[str, str]) -> dict[str, str]:
+    return {
+        "MIFAMILIAS_AUTH_SECRET": SECRET,
+        "MIFAMILIAS_PIPELINE_LEASE_SECONDS": "3",
+        "MIFAMILIAS_PIPELINE_RECOVERY_SECONDS": "0.5",
+        **engine,
+    }
+
+
+async def _gql(server: ServerProcess, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(
+            f"{server.url}/graphql",
+            json={"query": query, "variables": variables or {}},
+            headers={"Authorization": f"Bearer {ANA}"},
+        )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    assert "errors" not in body, body
+    return body["data"]
+
+
+async def _upload_video(server: ServerProcess, video: Path) -> str:
+    family = await _gql(server, 'mutation { createFamily(input: {name: "Los Ruiz"}) { id } }')
+    body = await asyncio.to_thread(video.read_bytes)
+    created = await _gql(
+        server,
+        "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id } } }",
+        {
+            "i": {
+                "familyId": family["createFamily"]["id"],
+                "type": "VIDEO",
+                "mimeType": "video/mp4",
+                "sizeBytes": len(body),
+            }
+        },
+    )
+    async with httpx.AsyncClient(timeout=60) as client:
+        sent = await client.put(
+            created["createUpload"]["uploadUrl"], content=body, headers={"Content-Type": "video/mp4"}
+        )
+    assert sent.status_code == 200
+    content_id = str(created["createUpload"]["content"]["id"])
+    await _gql(server, "mutation($id: ID!) { completeUpload(contentId: $id) { status } }", {"id": content_id})
+    return content_id
+
+
+async def _content(server: ServerProcess, content_id: str) -> dict[str, Any]:
+    query = "query($id: ID!) { content(id: $id) { status transcription transcriptLanguage captionsUrl } }"
+    content: dict[str, Any] = (await _gql(server, query, {"id": content_id}))["content"]
+    return content
+
+
+def _speech_workers(parent: int) -> list[int]:
+    """The pids of `parent`'s speech workers (children running speech.py)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        if ppid == parent and b"speech.py" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+async def test_a_server_killed_mid_transcription_is_resumed_by_the_next(
+    engine: dict[str, str], tmp_path: Path
+) -> None:
+    english = mf.make_speech_wav(tmp_path, f"{mf.ENGLISH_SPEECH} {mf.ENGLISH_SPEECH}", "en")
+    video = mf.make_video_with_speech(tmp_path, english)
+    first = ServerProcess(tmp_path / "data", _env(engine), name="first").start()
+    try:
+        content_id = await _upload_video(first, video)
+        assert first.process is not None
+        server_pid = first.process.pid
+        workers: list[int] = []
+
+        async def decoding() -> bool:
+            status = (await _content(first, content_id))["status"]
+            assert status in ("PROCESSING", "TRANSCODING", "TRANSCRIBING"), (
+                status
+            )  # not READY before the kill
+            workers[:] = _speech_workers(server_pid) if status == "TRANSCRIBING" else []
+            return bool(workers)
+
+        await until(decoding, "the speech worker to start on the content")
+        first.kill()
+    finally:
+        first.stop()
+    # The worker dies with its server: nobody is left decoding for a content the next resumes.
+    await until(lambda: all(_gone(pid) for pid in workers), "the killed server's speech worker to exit")
+
+    second = ServerProcess(tmp_path / "data", _env(engine), name="second").start()
+    try:
+        seen: list[str] = []
+
+        async def ready() -> bool:
+            content = await _content(second, content_id)
+            seen.append(content["status"])
+            return bool(content["status"] == "READY")
+
+        await until(ready, "the next process to finish the transcription", seconds=300)
+        assert set(seen) <= {"TRANSCRIBING", "READY"}, seen
+        content = await _content(second, content_id)
+        heard = " ".join(content["transcription"].lower().replace(".", " ").replace(",", " ").split())
+        said = " ".join(f"{mf.ENGLISH_SPEECH} {mf.ENGLISH_SPEECH}".lower().replace(".", " ").split())
+        assert jiwer.wer(said, heard) <= 0.35, heard
+        assert content["transcriptLanguage"] == "en" and content["captionsUrl"]
+    finally:
+        second.stop()
