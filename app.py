@@ -372,7 +372,8 @@ def _serve(settings: Settings) -> None:
         host=settings.host,
         port=settings.port,
         log_config=None,
-        ws_per_message_deflate=False,
+        ws=settings.ws_implementation,
+        ws_per_message_deflate=settings.ws_deflate,
         # A WebSocket frame is bounded like a request body.
         ws_max_size=settings.max_body_bytes,
         timeout_graceful_shutdown=int(settings.shutdown_seconds),  # replaced at shutdown, see above

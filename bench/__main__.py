@@ -43,6 +43,7 @@ async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[
 def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: bool = True) -> list[Row]:
     from bench import (
         fanout,
+        gc_pauses,
         http,
         media_probe,
         observability,
@@ -50,6 +51,7 @@ def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: b
         robustness,
         round_trips,
         scaleout,
+        sockets,
         unlock,
     )
 
@@ -69,6 +71,8 @@ def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: b
     if 3 in only:
         say("section 3 (fan-out)")
         rows += fanout.run(sizes, tmp)
+        say("section 3: memory per idle subscription, each WebSocket implementation")
+        rows += sockets.run(sizes, tmp)
     if 4 in only:
         say("section 4 (unlock)")
         rows += asyncio.run(unlock.run(sizes, tmp))
@@ -78,6 +82,8 @@ def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: b
     if 6 in only:
         say("section 6 (robustness)")
         rows += robustness.run(sizes, tmp)
+        say("section 6: the collector's pauses with many subscriptions")
+        rows += gc_pauses.run(sizes, tmp)
     if 7 in only:
         say("section 7 (observability cost)")
         rows += observability.run(tmp / "data", family_id, sizes, tmp)

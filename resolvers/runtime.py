@@ -22,6 +22,7 @@ from resolvers.core.auth import TokenVerifier
 from resolvers.core.config import Settings
 from resolvers.core.context import utc_now
 from resolvers.core.cursors import CursorSigner
+from resolvers.core.heap import SubscriptionHeap
 from resolvers.core.metrics import Metrics
 from resolvers.core.observed import ObservedTable, botocore_client, engine_of, watch_botocore
 from resolvers.core.persisted import ManifestError, PersistedDocuments, TrustedDocuments, load_manifest
@@ -223,10 +224,11 @@ async def compose(
     trusted = _trusted_documents(settings)
     metrics = metrics or Metrics.disabled()
     if broker is None:
+        heap = SubscriptionHeap(enabled=settings.freeze_subscriptions)
         broker = (
-            RedisBroker(settings.redis_url, metrics=metrics)
+            RedisBroker(settings.redis_url, metrics=metrics, heap=heap)
             if settings.redis_url
-            else InProcessBroker(metrics=metrics)
+            else InProcessBroker(metrics=metrics, heap=heap)
         )
         stack.push_async_callback(broker.close)
     blobs = await _open_blobs(settings, stack, local_blobs)

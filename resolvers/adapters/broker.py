@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
 from resolvers.core.errors import Unavailable
+from resolvers.core.heap import SubscriptionHeap
 from resolvers.core.metrics import Metrics
 from resolvers.core.ports import Event, EventBus
 
@@ -69,8 +70,9 @@ class Broker(EventBus, Protocol):
 class _Fanout:
     """Local delivery to the queues of this process's subscribers."""
 
-    def __init__(self, metrics: Metrics | None = None) -> None:
+    def __init__(self, metrics: Metrics | None = None, heap: SubscriptionHeap | None = None) -> None:
         self.metrics = metrics or Metrics.disabled()
+        self.heap = heap or SubscriptionHeap(enabled=False)
         self.queues: defaultdict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
         # The delivery still running on each channel: the next waits for it, so
         # every subscriber sees a channel's events in the order they came.
@@ -134,9 +136,11 @@ class _Fanout:
     async def listen(self, channel: str) -> AsyncIterator[asyncio.Queue[Event]]:
         queue = Inbox(QUEUE_LIMIT)
         self.queues[channel].add(queue)
+        self.heap.started()
         try:
             yield queue
         finally:
+            self.heap.ended()
             subscribers = self.queues.get(channel)
             if subscribers is not None:
                 subscribers.discard(queue)
@@ -163,8 +167,8 @@ async def _drain(queue: asyncio.Queue[Event]) -> AsyncIterator[Event]:
 
 
 class InProcessBroker:
-    def __init__(self, metrics: Metrics | None = None) -> None:
-        self._fanout = _Fanout(metrics)
+    def __init__(self, metrics: Metrics | None = None, heap: SubscriptionHeap | None = None) -> None:
+        self._fanout = _Fanout(metrics, heap)
         self.metrics = self._fanout.metrics
 
     async def publish(self, channel: str, event: Event) -> None:
@@ -197,13 +201,20 @@ class RedisBroker:
     """One Redis connection listens for the whole process; it subscribes to a
     channel while this process has at least one local subscriber to it."""
 
-    def __init__(self, url: str, prefix: str = "mifamilias:", *, metrics: Metrics | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        prefix: str = "mifamilias:",
+        *,
+        metrics: Metrics | None = None,
+        heap: SubscriptionHeap | None = None,
+    ) -> None:
         import redis.asyncio as redis
 
         self._redis = redis.from_url(url)
         self._pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         self._prefix = prefix
-        self._fanout = _Fanout(metrics)
+        self._fanout = _Fanout(metrics, heap)
         self.metrics = self._fanout.metrics
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()

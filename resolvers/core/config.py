@@ -132,6 +132,15 @@ class Settings(BaseSettings):
     # queue (`send_queue_frames` frames) fills, is let go (WebSocket 4408).
     slow_client_seconds: PositiveFloat = 30.0
     send_queue_frames: Annotated[int, Field(ge=1)] = 256
+    # uvicorn's WebSocket implementation and per-message deflate: the sans-I/O
+    # websockets protocol holds an idle connection in the least memory, and
+    # deflate's zlib state costs more per connection than the small frames save
+    # (bench section 3, bench/NOTES.md).
+    ws_implementation: Literal["websockets", "websockets-sansio", "wsproto"] = "websockets-sansio"
+    ws_deflate: bool = False
+    # Freeze the heap after a burst of subscriptions (resolvers/core/heap.py), so
+    # full collections do not walk what live subscriptions hold.
+    freeze_subscriptions: bool = True
     rate_limits: str | None = None
     trusted_proxies: CommaSeparated = ()
     pipeline_workers: int = 2
