@@ -74,7 +74,7 @@ class Family(Record):
     in the same update as `adminCount`; a family from before holds none of them,
     and reads as run by its creator alone."""
 
-    DERIVED: ClassVar[frozenset[str]] = frozenset({"admins"})
+    DERIVED: ClassVar[frozenset[str]] = frozenset({"admins", "departing"})
 
     id: str
     name: str
@@ -87,19 +87,26 @@ class Family(Record):
     # The family's own code admits people while this holds; an ADMIN may turn it off.
     invite_code_enabled: bool = True
     admins: dict[str, str] = field(default_factory=dict)  # user id -> ADMIN since
+    # user id -> when their account deletion began (`keys.departing_attribute`).
+    departing: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> Key:
         return keys.family(self.id)
 
     def extra_attributes(self) -> Item:
-        return {keys.admin_attribute(user_id): since for user_id, since in self.admins.items()}
+        return {keys.admin_attribute(user_id): since for user_id, since in self.admins.items()} | {
+            keys.departing_attribute(user_id): since for user_id, since in self.departing.items()
+        }
 
     @classmethod
     def derived_from(cls, item: Item) -> dict[str, Any]:
-        prefix = keys.ADMIN_ATTRIBUTE_PREFIX
+        admin, departing = keys.ADMIN_ATTRIBUTE_PREFIX, keys.DEPARTING_ATTRIBUTE_PREFIX
         return {
-            "admins": {name[len(prefix) :]: str(v) for name, v in item.items() if name.startswith(prefix)}
+            "admins": {name[len(admin) :]: str(v) for name, v in item.items() if name.startswith(admin)},
+            "departing": {
+                name[len(departing) :]: str(v) for name, v in item.items() if name.startswith(departing)
+            },
         }
 
     @property

@@ -114,6 +114,17 @@ def admin_attribute(user_id: str) -> str:
 ADMIN_ATTRIBUTE_PREFIX = "A#"
 
 
+def departing_attribute(user_id: str) -> str:
+    """The family item's attribute that says `user_id` is deleting their
+    account: their content, comments and tags there are nobody's to read from
+    the moment the deletion begins (on the family item, which the read rule
+    loads beside the viewer's membership, so it costs no read of its own)."""
+    return f"{DEPARTING_ATTRIBUTE_PREFIX}{user_id}"
+
+
+DEPARTING_ATTRIBUTE_PREFIX = "D#"
+
+
 # Content ----------------------------------------------------------------------
 
 

@@ -239,16 +239,29 @@ class _Worker:
                     # The recording's language is that of the first piece with speech.
                     language = info.language
             send({"chunk": start, "segments": segments, "language": language})
-        usage = resource.getrusage(resource.RUSAGE_SELF)
         send(
             {
                 "done": True,
                 "language": language,
                 "seconds": heard,
                 "cpu_seconds": time.process_time() - started,
-                "max_rss_kib": usage.ru_maxrss,
+                "max_rss_kib": _peak_rss_kib(),
             }
         )
+
+
+def _peak_rss_kib() -> int:
+    """This worker's own peak resident size. `ru_maxrss` is carried across
+    exec on Linux, so it would count the server the worker was forked from; the
+    kernel's high-water mark of this address space (VmHWM) does not."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def _die_with_parent() -> None:

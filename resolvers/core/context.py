@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from resolvers.core import logs
+from resolvers.core import idempotency, logs
 from resolvers.core.auth import Claims, TokenExpired, bearer_token
 from resolvers.core.errors import ApiError, Unauthenticated
 from resolvers.core.loaders import Loaders
@@ -91,7 +91,8 @@ class Context:
 
     @property
     def table(self) -> Table:
-        return self.services.table
+        # While a mutation with an Idempotency-Key runs, its first write carries the key.
+        return idempotency.keyed(self.services.table)
 
     async def check_rate(self, action: str) -> None:
         """RATE_LIMITED when the viewer has used up their `action`s for now."""
@@ -104,7 +105,10 @@ class Context:
         written, when the window is full); `transact` commits it, if not the table."""
         seen = self._rate_windows.get(action)
         subject = f"user:{await self.viewer_id()}"
-        await self.services.rates.counted(subject, action, self.services.now(), ops, seen, transact)
+        # Through ctx.table by default: with an Idempotency-Key, the key joins the transaction.
+        await self.services.rates.counted(
+            subject, action, self.services.now(), ops, seen, transact or self.table.transact
+        )
 
     def client_address(self) -> str:
         """Who is asking, on the network: the peer, or what a trusted proxy says."""
@@ -144,7 +148,8 @@ class Context:
             raise refusal or Unauthenticated("sign in: send a Bearer token")
         user_id = self.claims.sub
         if user_id not in self.services.known_users:
-            await self._ensure_user(self.claims)
+            with idempotency.aside():  # the person's profile, not the mutation's write
+                await self._ensure_user(self.claims)
             self.services.known_users.add(user_id)
         return user_id
 

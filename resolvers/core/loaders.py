@@ -48,7 +48,9 @@ class LevelLoader(DataLoader[K, V]):
 
 class ItemLoader(LevelLoader[Key, Item | None]):
     def __init__(self, table: Table) -> None:
-        super().__init__(max_batch_size=100)
+        # The loader's cache, ours to look into: asked for, or loaded, in this operation.
+        self.cached: dict[Key, asyncio.Future[Item | None]] = {}
+        super().__init__(max_batch_size=100, cache_map=self.cached)
         self.table = table
 
     async def batch_load_fn(self, keys: Sequence[Key]) -> list[Item | None]:
@@ -123,6 +125,14 @@ class Loaders:
         whoever loads the key later."""
         for key in keys:
             self.item.load(key).add_done_callback(_retrieved)
+
+    def load_with(self, key: Key, *also: Key) -> asyncio.Future[Item | None]:
+        """Loads `key`; when it is not asked for yet, `also` joins its batch
+        (asked, not awaited). Once `key` is cached nothing more is asked, so no
+        batch of its own is left running after the operation."""
+        if key not in self.item.cached:
+            self.ask(*also)
+        return self.item.load(key)
 
     def written(self, before: Sequence[Item | None], updates: Sequence[Update]) -> list[Item]:
         """What committed updates made of the items as this operation read them

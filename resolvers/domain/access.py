@@ -6,6 +6,9 @@ requires the viewer to be a current MEMBER or ADMIN of that family at the time
 of the read. A family's invites and its admins' record are its current ADMINs'
 alone. Being a capsule's creator or recipient never bypasses it. A
 PENDING member sees the family itself and their own membership, nothing more.
+From the moment a person begins deleting their account, their content,
+comments and tags are nobody's to read (the family item names them,
+`Family.departing`), not only once the deletion reaches them.
 
 Every resolver that fetches records asks `may_read` (or `readable` for a list),
 and `schema.guard.GuardedExecutionContext` asks it again where a record becomes
@@ -22,6 +25,7 @@ from typing import TypeVar
 
 from resolvers.core.context import Context
 from resolvers.core.errors import Forbidden, NotFound, not_found
+from resolvers.core.pagination import ItemPage
 from store import keys
 from store.enums import CapsuleStatus, Role
 from store.items import (
@@ -88,18 +92,21 @@ GUARDED: dict[type, str] = {
 # Memberships -----------------------------------------------------------------
 
 
-async def membership(ctx: Context, family_id: str) -> Membership | None:
-    """The viewer's membership of the family now, any role."""
+async def membership(ctx: Context, family_id: str, *, with_family: bool = False) -> Membership | None:
+    """The viewer's membership of the family now, any role. `with_family` asks
+    for the family item in the same batch: it names who is leaving
+    (`departing`), so deciding on the family's content costs no round trip."""
     viewer = await ctx.viewer_id()
     if not keys.usable_id(family_id):
         return None
-    item = await ctx.loaders.item.load(keys.member(family_id, viewer))
+    also = (keys.family(family_id),) if with_family else ()
+    item = await ctx.loaders.load_with(keys.member(family_id, viewer), *also)
     return ctx.loaders.decoded(Membership, item) if item else None
 
 
 async def reader(ctx: Context, family_id: str) -> Membership | None:
     """The viewer's membership when they may read the family's things now."""
-    found = await membership(ctx, family_id)
+    found = await membership(ctx, family_id, with_family=True)
     return found if found is not None and found.role in READERS else None
 
 
@@ -168,6 +175,21 @@ async def load_capsule(ctx: Context, capsule_id: str) -> Capsule | None:
     return ctx.loaders.decoded(Capsule, item) if item else None
 
 
+async def load_family(ctx: Context, family_id: str) -> Family | None:
+    if not keys.usable_id(family_id):
+        return None
+    item = await ctx.loaders.item.load(keys.family(family_id))
+    return ctx.loaders.decoded(Family, item) if item else None
+
+
+async def departing(ctx: Context, family_id: str, author_id: str) -> bool:
+    """Whether the author is deleting their account (their things in the family
+    go, and nobody reads them meanwhile). The family item is loaded beside the
+    viewer's membership when content is decided, so asking costs no round trip."""
+    family = await load_family(ctx, family_id)
+    return family is not None and author_id in family.departing
+
+
 async def _decide(ctx: Context, record: GuardedRecord) -> bool:
     viewer = await ctx.viewer_id()
     if isinstance(record, Notification | DataExport):
@@ -182,20 +204,28 @@ async def _decide(ctx: Context, record: GuardedRecord) -> bool:
     if isinstance(record, Content):
         if is_sealed(record) and record.author_id != viewer:
             return False
-        return await reader(ctx, record.family_id) is not None
+        # One batch: the membership and the family item (which names who is leaving).
+        found, leaving = await asyncio.gather(
+            reader(ctx, record.family_id), departing(ctx, record.family_id, record.author_id)
+        )
+        return found is not None and not leaving
     if isinstance(record, Capsule):
-        return capsule_readable(record, viewer, await membership(ctx, record.family_id))
+        return capsule_readable(record, viewer, await membership(ctx, record.family_id, with_family=True))
     if isinstance(record, Recipient):
         capsule = await load_capsule(ctx, record.capsule_id)
         return capsule is not None and await may_read(ctx, capsule)
     if isinstance(record, Comment):
         content = await load_content(ctx, record.content_id)
-        return content is not None and await may_read(ctx, content)
+        if content is None or not await may_read(ctx, content):
+            return False
+        return not await departing(ctx, content.family_id, record.author_id)
     if isinstance(record, Tag):
         if record.private and record.author_id != viewer:
             return False
         content = await load_content(ctx, record.content_id)
-        return content is not None and await may_read(ctx, content)
+        if content is None or not await may_read(ctx, content):
+            return False
+        return not await departing(ctx, content.family_id, record.author_id)
     raise TypeError(f"no read rule for {type(record).__name__}")
 
 
@@ -231,6 +261,20 @@ async def readable(ctx: Context, records: Sequence[R]) -> list[R]:
     """The records the viewer may read, in order; their reads share a batch."""
     verdicts = await asyncio.gather(*(may_read(ctx, record) for record in records))
     return [record for record, allowed in zip(records, verdicts, strict=True) if allowed]
+
+
+async def readable_page(ctx: Context, page: ItemPage, record: type[R]) -> ItemPage:
+    """The page without the items the viewer may not read (a departing
+    author's, in a page whose every item the family's readers otherwise see).
+    It may come out short; its end cursor stays where the read stopped."""
+    records = [record.from_item(item) for item in page.items]
+    verdicts = await asyncio.gather(*(may_read(ctx, r) for r in records))
+    if all(verdicts):
+        return page
+    kept = [(item, cursor) for item, cursor, ok in zip(page.items, page.cursors, verdicts, strict=True) if ok]
+    return ItemPage(
+        [item for item, _ in kept], [cursor for _, cursor in kept], page.has_next, page.end_cursor
+    )
 
 
 def refusal(record: GuardedRecord) -> NotFound:

@@ -4,8 +4,11 @@
 of a family that has other members, unless it names a successor for that
 family (a current MEMBER, who becomes ADMIN as the person leaves it, in the
 same transaction). Then it writes the deletion marker
-(`USER#<id>` / `DELETING`, with the families the person belongs to), and from
-that moment the account counts as deleted: every later step reads what is
+(`USER#<id>` / `DELETING`, with the families the person belongs to) and, in
+the same transaction, names the person on each of those families' items
+(`keys.departing_attribute`): from that moment the account counts as deleted,
+nobody reads the person's content, comments or tags any more (the read rule,
+`resolvers.domain.access`), and every later step reads what is
 left and removes it with a conditional write or a transaction, so running the
 steps again, after a crash or alongside another process, finds less to do and
 never counts anything twice. Whoever sees the marker finishes the work: the
@@ -33,7 +36,7 @@ The steps, in order:
    reactions, tags and blobs; their comments and reactions on other people's
    content are deleted with the counts adjusted in the same transaction.
 7. their own partition: profile, notifications, exports (and export files).
-8. the marker.
+8. the marker, with the families' marks, in one transaction.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import contextlib
 import logging
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
 from datetime import timedelta
 
 from resolvers.core.context import Context
@@ -67,11 +71,13 @@ from store.items import (
     reaction_attr,
 )
 from store.port import (
+    MAX_TRANSACTION_ITEMS,
     ConditionFailed,
     Delete,
     Exists,
     Key,
     NotExists,
+    Put,
     SortKey,
     TransactionCancelled,
     Update,
@@ -147,7 +153,7 @@ async def _begin(ctx: Context, user_id: str, owner: str, successors: dict[str, s
     strangers = sorted(set(successors) - set(family_ids))
     if strangers:
         raise BadInput(f"successors name a family you are not in: {strangers[0]}")
-    needed = await _refuse_last_admin(ctx, user_id, family_ids, successors)
+    needed, present = await _refuse_last_admin(ctx, user_id, family_ids, successors)
     now = ctx.services.now()
     # Born held by this request, so the sweep leaves it alone.
     marker = AccountDeletion(
@@ -158,20 +164,43 @@ async def _begin(ctx: Context, user_id: str, owner: str, successors: dict[str, s
         owner,
         successors={family_id: successors[family_id] for family_id in needed},
     )
-    try:
-        await ctx.table.put(marker.to_item(), NotExists())
-    except ConditionFailed:
-        found = await ctx.table.get(marker.key)  # a parallel call decided first
-        if found is not None:
-            return AccountDeletion.from_item(found)
-    return marker
+    # The families are marked in the marker's own transaction: from the commit
+    # on, the read rule refuses the person's things there (access.departing),
+    # and no crash can leave a marker whose families do not say so.
+    for _ in range(ATTEMPTS):
+        marks = [
+            Update(
+                keys.family(family_id),
+                set={keys.departing_attribute(user_id): marker.started_at},
+                condition=Exists(),
+            )
+            for family_id in present
+        ]
+        try:
+            first = marks[: MAX_TRANSACTION_ITEMS - 1]
+            await ctx.table.transact([Put(marker.to_item(), NotExists()), *first])
+        except TransactionCancelled as error:
+            if error.failed_on(marker.key):
+                found = await ctx.table.get(marker.key)  # a parallel call decided first
+                return AccountDeletion.from_item(found) if found is not None else marker
+            # A family went (or changed) meanwhile: read which are still there.
+            there = await ctx.table.batch_get([keys.family(family_id) for family_id in present])
+            present = [family_id for family_id in present if keys.family(family_id) in there]
+            continue
+        # More families than one transaction holds: the rest, before any step runs.
+        for mark in marks[MAX_TRANSACTION_ITEMS - 1 :]:
+            with contextlib.suppress(ConditionFailed):
+                await ctx.table.update(mark)
+        return marker
+    raise Conflict("your families keep changing; try again")
 
 
 async def _refuse_last_admin(
     ctx: Context, user_id: str, family_ids: list[str], successors: dict[str, str]
-) -> list[str]:
+) -> tuple[list[str], list[str]]:
     """The families where the person is the last ADMIN with others there, each
-    with its successor checked; LastAdmin for the first without one."""
+    with its successor checked (LastAdmin for the first without one), and the
+    families whose item exists."""
     wanted = [keys.member(f, user_id) for f in family_ids] + [keys.family(f) for f in family_ids]
     # A successor's membership joins the batch (never twice the same key: DynamoDB refuses that).
     wanted += [keys.member(f, u) for f, u in successors.items() if keys.usable_id(u) and u != user_id]
@@ -191,7 +220,7 @@ async def _refuse_last_admin(
                     f"the successor for {family.get('name', '')!r} must be a current MEMBER of that family"
                 )
             needed.append(family_id)
-    return needed
+    return needed, [family_id for family_id in family_ids if keys.family(family_id) in found]
 
 
 async def _others(ctx: Context, family_id: str, user_id: str) -> bool:
@@ -243,7 +272,7 @@ async def finish(ctx: Context, marker: AccountDeletion, owner: str) -> None:
     except LastAdmin:
         # Only when someone joined after the check: nothing of theirs is gone
         # but whole families left or dissolved; the person may try again later.
-        await ctx.table.delete(marker.key)
+        await _end(ctx, marker, marker.family_ids)
         raise
     await _vouches_given(ctx, user_id, marker.family_ids)
     if not await hold(ctx, user_id, owner):
@@ -253,15 +282,41 @@ async def finish(ctx: Context, marker: AccountDeletion, owner: str) -> None:
     if not await hold(ctx, user_id, owner):
         return
     await _tags(ctx, user_id)
+    remaining: list[str] = []
     for family_id in marker.family_ids:
         if not await hold(ctx, user_id, owner):
             return
-        await _family_feed(ctx, user_id, family_id)
+        if await _family_feed(ctx, user_id, family_id):
+            remaining.append(family_id)
     if not await hold(ctx, user_id, owner):
         return
     await _own_partition(ctx, marker)
-    await ctx.table.delete(marker.key)
+    await _end(ctx, marker, remaining)
     log.info("account %s deleted", user_id)
+
+
+async def _end(ctx: Context, marker: AccountDeletion, family_ids: Sequence[str]) -> None:
+    """The marker goes with the families' marks, in one transaction: nothing of
+    the person is left there to hide. The marks go first when they cannot go
+    with it (a family gone meanwhile, more than one transaction holds), so a
+    crash between leaves the marker, and the sweep ends it again."""
+    unmarks = [
+        Update(keys.family(family_id), remove=[keys.departing_attribute(marker.user_id)], condition=Exists())
+        for family_id in family_ids
+    ]
+    alone, together = unmarks[MAX_TRANSACTION_ITEMS - 1 :], unmarks[: MAX_TRANSACTION_ITEMS - 1]
+    for unmark in alone:
+        with contextlib.suppress(ConditionFailed):
+            await ctx.table.update(unmark)
+    try:
+        await ctx.table.transact([Delete(marker.key), *together])
+        return
+    except TransactionCancelled:
+        pass  # a family went meanwhile: nothing to unmark there
+    for unmark in together:
+        with contextlib.suppress(ConditionFailed):
+            await ctx.table.update(unmark)
+    await ctx.table.delete(marker.key)
 
 
 # 1. Memberships ----------------------------------------------------------------------
@@ -439,7 +494,8 @@ async def _tags(ctx: Context, user_id: str) -> None:
 # 6. What the person left in each family's feed -----------------------------------------
 
 
-async def _family_feed(ctx: Context, user_id: str, family_id: str) -> None:
+async def _family_feed(ctx: Context, user_id: str, family_id: str) -> bool:
+    """Whether the family stays (it is neither gone nor dissolved)."""
     family = await ctx.table.get(keys.family(family_id))
     dissolving = family is not None and bool(family.get(DISSOLVING))
     async for contents in footprint.feed(ctx.table, family_id):
@@ -459,6 +515,7 @@ async def _family_feed(ctx: Context, user_id: str, family_id: str) -> None:
         rest = await all_items(ctx.table, keys.family_pk(family_id))
         await ctx.table.batch_write(deletes=[(i["PK"], i["SK"]) for i in rest if i["SK"] != "META"])
         await ctx.table.delete(keys.family(family_id))
+    return family is not None and not dissolving
 
 
 async def _delete_comment(ctx: Context, comment: Comment) -> None:

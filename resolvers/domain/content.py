@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 import emoji as emoji_data
 
 from resolvers.adapters.broker import content_channel, publish_committed
-from resolvers.core import idempotency
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, Forbidden, not_found
 from resolvers.core.pagination import ItemPage, query_page
@@ -124,7 +123,7 @@ async def viewer_reactions(ctx: Context, content: Content) -> list[str]:
 
 async def feed_page(ctx: Context, family_id: str, first: int, after: str | None) -> ItemPage:
     await families.readable_family(ctx, family_id)
-    return await query_page(
+    page = await query_page(
         ctx,
         scope=f"feed:{family_id}",
         pk=keys.family_pk(family_id),
@@ -134,6 +133,7 @@ async def feed_page(ctx: Context, family_id: str, first: int, after: str | None)
         first=first,
         after=after,
     )
+    return await access.readable_page(ctx, page, Content)
 
 
 # Uploads ----------------------------------------------------------------------
@@ -562,7 +562,7 @@ def comment_key_of(content_id: str, comment_id: str) -> tuple[str, str] | None:
 
 
 async def comments_page(ctx: Context, content: Content, first: int, after: str | None) -> ItemPage:
-    return await query_page(
+    page = await query_page(
         ctx,
         scope=f"comments:{content.id}",
         pk=keys.content_pk(content.id),
@@ -570,6 +570,7 @@ async def comments_page(ctx: Context, content: Content, first: int, after: str |
         first=first,
         after=after,
     )
+    return await access.readable_page(ctx, page, Comment)
 
 
 async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
@@ -602,21 +603,14 @@ async def add_comment(ctx: Context, content_id: str, body: str) -> Comment:
         notes, dict(zip(notifications.reads_for(notes), counters, strict=True))
     )
     before = await ctx.loaders.item.load(content.key)  # read by the rule: no round trip
-    # With an Idempotency-Key, the key lands with the comment or neither does.
-    ops += idempotency.commit_ops()
     try:
-        # In the comment's own transaction (with its count and key): its id is
-        # new, so the note is too.
+        # In the comment's own transaction (with its count, and its key through
+        # ctx.table): its id is new, so the note is too.
         async def commit(batch: list[WriteOp]) -> None:
             await notifications.write(ctx.table, broker_of(ctx), notes, prepared=prepared, beside=batch)
 
         await ctx.counted("comment", ops, transact=commit)
     except TransactionCancelled as error:
-        attempt = idempotency.current()
-        if attempt is not None and attempt.lost(error):
-            raise idempotency.Superseded(
-                "another attempt with the same Idempotency-Key took this one over"
-            ) from error
         raise not_found("content") from error
     ctx.loaders.written([before], [count])
     return comment

@@ -86,7 +86,7 @@ from resolvers.core.errors import BadInput, Conflict, not_found
 from resolvers.core.pagination import filtered_page
 from resolvers.core.validation import check_display
 from resolvers.domain import access, families
-from resolvers.domain.access import content_reader, load_content, readable_content
+from resolvers.domain.access import load_content, readable_content
 from store import keys
 from store.items import Content, Tag
 from store.port import (
@@ -501,9 +501,10 @@ async def unseal_ops(table: Table, content: Content, summary_item: Item | None) 
 async def content_tags(ctx: Context, content: Content) -> list[Tag]:
     """Every tag on the content the viewer may see, from the summary item (one
     point read that joins the batch of its resolver level)."""
-    viewer = await ctx.viewer_id()
     item = await ctx.loaders.item.load(keys.content_tags(content.id))
-    return [tag for tag in summary_of(item, content).tags if not tag.private or tag.author_id == viewer]
+    # The rule decides each (private tags are their author's; a departing
+    # author's are nobody's): nothing it needs is not loaded with the content.
+    return await access.readable(ctx, summary_of(item, content).tags)
 
 
 async def tag_status(ctx: Context, family_id: str, set_name: str) -> tuple[bool, bool]:
@@ -609,14 +610,14 @@ async def _visible(ctx: Context, found: list[Item]) -> list[tuple[Tag, Content] 
     tags = [Tag.from_item(item) for item in found]
     content_items = await ctx.loaders.many([keys.content(tag.content_id) for tag in tags])
     contents = [Content.from_item(item) if item else None for item in content_items]
-    # Memberships of every family involved in one batch; content_reader then hits the cache.
+    # Memberships and families of every family involved in one batch; the rule then hits the cache.
     family_ids = sorted({c.family_id for c in contents if c is not None})
-    await ctx.loaders.many([keys.member(family_id, viewer) for family_id in family_ids])
-    result: list[tuple[Tag, Content] | None] = []
-    for tag, content in zip(tags, contents, strict=True):
-        hidden = content is None or (tag.private and tag.author_id != viewer)
-        if content is None or hidden or await content_reader(ctx, content) is None:
-            result.append(None)
-        else:
-            result.append((tag, content))
-    return result
+    await ctx.loaders.many(
+        [keys.member(family_id, viewer) for family_id in family_ids]
+        + [keys.family(family_id) for family_id in family_ids]
+    )
+    verdicts = await asyncio.gather(*(access.may_read(ctx, tag) for tag in tags))
+    return [
+        (tag, content) if allowed and content is not None else None
+        for tag, content, allowed in zip(tags, contents, verdicts, strict=True)
+    ]

@@ -422,3 +422,95 @@ async def test_a_long_deletion_finishes_in_the_background(api: Api, monkeypatch:
     assert left[keys.content(theirs)]["commentCount"] == 0
     assert await api.services.blobs.head(f"content/{mine}/original") is None
     assert (await api.ok(ME, as_="ana"))["me"] == {"id": "ana", "familyName": None}
+
+
+# A deletion hides the person's things at once ---------------------------------------------
+
+SEEN = """query($f: ID!, $c: ID!) {
+  family(id: $f) { feed(first: 20) { edges { node { id author { id } } } } }
+  content(id: $c) {
+    comments(first: 20) { edges { node { body author { id } } } }
+    tags { value author { id } }
+  }
+  searchTags(familyId: $f, prefix: "pla") { edges { node { value author { id } content { id } } } }
+}"""
+BY_ID = "query($c: ID!) { content(id: $c) { id title } }"
+
+
+@dataclass
+class Departure:
+    family: str
+    mine: str  # ana's note
+    theirs: str  # ben's note, with ana's comment and tag beside ben's
+
+
+async def departure_scene(api: Api) -> Departure:
+    await api.sign_in("ana", "ben")
+    family = await make_family(api, "ben", "Los García")
+    await join(api, "ana", family["inviteCode"])
+    mine = await upload(api, "ana", family["id"], "TEXT", b"hola", "text/plain", "de ana")
+    theirs = await upload(api, "ben", family["id"], "TEXT", b"adios", "text/plain", "de ben")
+    await settle(api)
+    await api.ok(COMMENT, {"c": theirs, "b": "de ana"}, as_="ana")
+    await api.ok(COMMENT, {"c": theirs, "b": "de ben"}, as_="ben")
+    await api.ok(TAG, {"c": theirs, "v": ["playa"], "s": "S"}, as_="ana")
+    await api.ok(TAG, {"c": theirs, "v": ["playa"], "s": "S"}, as_="ben")
+    return Departure(family["id"], mine, theirs)
+
+
+async def seen_by_ben(api: Api, scene: Departure) -> tuple[set[str], set[str]]:
+    """(the content ids ben is shown, the people whose things ben is shown)."""
+    data = await api.ok(SEEN, {"f": scene.family, "c": scene.theirs}, as_="ben")
+    feed = [edge["node"] for edge in data["family"]["feed"]["edges"]]
+    comments = [edge["node"] for edge in data["content"]["comments"]["edges"]]
+    found = [edge["node"] for edge in data["searchTags"]["edges"]]
+    people = {node["author"]["id"] for node in feed + comments + data["content"]["tags"] + found}
+    return {node["id"] for node in feed} | {node["content"]["id"] for node in found}, people
+
+
+async def check_hidden(api: Api, scene: Departure) -> None:
+    contents, people = await seen_by_ben(api, scene)
+    assert contents == {scene.theirs} and people == {"ben"}
+    code, _ = await api.error(BY_ID, {"c": scene.mine}, as_="ben")
+    assert code == "NOT_FOUND"
+
+
+async def test_a_deletion_cut_short_hides_the_persons_things_at_once(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scene = await departure_scene(api)
+    assert await seen_by_ben(api, scene) == ({scene.mine, scene.theirs}, {"ana", "ben"})
+    # No time at all within the request: it stops at its first wait and hands
+    # over to the background, held back here.
+    monkeypatch.setattr(accounts, "REQUEST_SHARE", 1e-9)
+    monkeypatch.setattr(api.services.accounts, "resume", lambda services, user: None)
+    assert (await api.ok(DELETE, as_="ana"))["deleteMyAccount"] is True
+    monkeypatch.undo()
+    assert await api.table.get(keys.account_deletion("ana")) is not None
+    # Nothing of ana's is deleted yet, and nothing of it is shown.
+    assert await api.table.get(keys.content(scene.mine)) is not None
+    await check_hidden(api, scene)
+
+    api.services.accounts.resume(api.services, "ana")
+    await api.services.accounts.idle()
+    await check_hidden(api, scene)
+    assert await api.table.get(keys.content(scene.mine)) is None
+    family = await api.table.get(keys.family(scene.family))
+    assert family is not None and keys.departing_attribute("ana") not in family
+
+
+async def test_a_deletion_that_crashes_never_shows_the_persons_things_again(api: Api) -> None:
+    scene = await departure_scene(api)
+    for attempt in range(6):
+        with crash_after(api, 3, landed=attempt % 2 == 1):
+            code, _ = await api.error(DELETE, as_="ana")
+        assert code == "INTERNAL_SERVER_ERROR"
+        await check_hidden(api, scene)
+    # Whatever is left, the sweep finishes once the lease has run out.
+    api.clock.advance(seconds=api.services.settings.pipeline_lease_seconds + 1)
+    await api.services.accounts.sweep(api.services)
+    await check_hidden(api, scene)
+    assert await api.table.get(keys.account_deletion("ana")) is None
+    assert await api.table.get(keys.content(scene.mine)) is None
+    family = await api.table.get(keys.family(scene.family))
+    assert family is not None and keys.departing_attribute("ana") not in family

@@ -5,10 +5,19 @@ its person's own; the header and `extensions.idempotencyKey` are one key."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+
+from resolvers.core import idempotency
+from schema import schema
+from store.port import StoreUnavailable, op_key
 from tests.api.conftest import Api
 from tests.factories import family_with_members, settle, upload
+from tests.typical_calls import VIEWERS, build_world, label, only_the_request, operations, schema_operations
 
 COMMENT = "mutation($id: ID!, $b: String!) { addComment(contentId: $id, body: $b) { id body } }"
 COUNT = "query($id: ID!) { content(id: $id) { commentCount comments { edges { node { body } } } } }"
@@ -73,3 +82,100 @@ async def test_a_key_that_is_not_a_key_is_refused(api: Api) -> None:
     assert refused["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT"
     counted = await api.ok(COUNT, {"id": post}, as_="ben")
     assert counted["content"]["commentCount"] == 0
+
+
+# Every mutation: its first write carries its key ---------------------------------------------
+
+IDEMPOTENCY = "IDEMPOTENCY#"
+WRITES = ("put", "update", "delete", "batch_write", "transact")
+
+
+def _keys_of(name: str, args: tuple[Any, ...]) -> list[tuple[str, str]]:
+    if name == "transact":
+        return [op_key(op) for op in args[0]]
+    if name == "put":
+        return [(args[0]["PK"], args[0]["SK"])]
+    if name == "update":
+        return [args[0].key]
+    if name == "delete":
+        return [args[0]]
+    return [("batch_write", "")]  # never the key's: not a transaction
+
+
+@contextlib.contextmanager
+def answer_lost_after_first_write(api: Api, seen: list[list[tuple[str, str]]]) -> Iterator[None]:
+    """The mutation's first write (any write but the key's own claim and
+    answer) lands, and its answer never comes back: the store's outcome is
+    unknown to the server, as when DynamoDB does not answer a transaction."""
+    table = api.table
+
+    def wrap(name: str) -> Any:
+        original = getattr(table, name)
+
+        async def write(*args: Any, **kwargs: Any) -> Any:
+            touched = _keys_of(name, args)
+            if seen or all(key[0].startswith(IDEMPOTENCY) for key in touched):
+                return await original(*args, **kwargs)
+            seen.append(touched)
+            await original(*args, **kwargs)
+            raise StoreUnavailable("no answer from the store", outcome_known=False)
+
+        return write
+
+    for name in WRITES:
+        setattr(table, name, wrap(name))
+    try:
+        yield
+    finally:
+        for name in WRITES:
+            delattr(table, name)
+
+
+def _state(snapshot: dict[tuple[str, str], dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    # The keys themselves and the rate counters (counted beside the write) are not the mutation's.
+    return {key: item for key, item in snapshot.items() if not key[0].startswith((IDEMPOTENCY, "RATE#"))}
+
+
+async def test_every_mutation_carries_its_key_in_its_first_write(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over every mutation of the schema (their typical calls): the first write
+    that lands holds the key's item, and a retry after its answer was lost
+    applies nothing again."""
+    world = await build_world(api, api.clock)
+    mutations = [op for op in operations(api, world) if label(op).startswith("mutation")]
+    assert {op.field for op in mutations} == {
+        field for kind, field in schema_operations(schema) if kind == "mutation"
+    }
+    await api.sign_in(*VIEWERS)
+    checked: list[str] = []
+    for n, op in enumerate(mutations):
+        variables = await op.setup() if op.setup else {}
+        headers = {"Idempotency-Key": f"retry-{n}"}
+        seen: list[list[tuple[str, str]]] = []
+        async with only_the_request(api):
+            with answer_lost_after_first_write(api, seen):
+                first = await api.post(op.document, variables, as_=op.viewer, headers=headers)
+        await settle(api)  # what the pipeline does once released is not the retry's doing
+        after_first = _state(await api.snapshot())
+        if not seen:  # it wrote nothing: answered, and answered again the same
+            again = await api.post(op.document, variables, as_=op.viewer, headers=headers)
+            assert "errors" not in first and again == first, (label(op), first, again)
+            continue
+        where = label(op)
+        assert any(key[0].startswith(IDEMPOTENCY) for key in seen[0]), (
+            f"{where}: its key was not in {seen[0]}"
+        )
+        extensions = first["errors"][0]["extensions"]
+        assert (extensions["code"], extensions.get("outcome")) == ("UNAVAILABLE", "UNKNOWN"), (where, first)
+        # Once the first attempt's time is over, the retry finds its write landed.
+        monkeypatch.setattr(idempotency, "clock", lambda: time.time() + 3600)
+        async with only_the_request(api):
+            again = await api.post(op.document, variables, as_=op.viewer, headers=headers)
+        monkeypatch.undo()
+        extensions = again["errors"][0]["extensions"]
+        assert (extensions["code"], extensions.get("outcome")) == ("CONFLICT", "APPLIED"), (where, again)
+        await settle(api)
+        assert _state(await api.snapshot()) == after_first, f"{where}: the retry applied something again"
+        checked.append(where)
+    assert checked, "no mutation wrote anything"
