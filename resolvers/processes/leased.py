@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from resolvers.core import leases
 from resolvers.core.leases import Lease
-from store.port import Condition, Item, Key, Table, every_item
+from store.port import Condition, Index, Item, Key, Table, every_item
 
 log = logging.getLogger("mifamilias.leased")
 
@@ -38,14 +38,17 @@ QUEUE_SIZE = 100
 @dataclass(frozen=True)
 class LeaseSpec:
     """What a job leases: `claimable` is what an item must still be for the job
-    to claim, renew or hand it back (a status, say); `recover_from` is the GSI2
-    partition that lists its items not yet done; `count_attempts` counts every
-    claim on the item (`leases.attempts`)."""
+    to claim, renew or hand it back (a status, say); `recover_from` is the
+    partition of `recover_index` that lists its items not yet done, and `due`
+    (if given) which of those are due now (not waiting for a retry, say);
+    `count_attempts` counts every claim on the item (`leases.attempts`)."""
 
     name: str
     recover_from: str | None = None
     claimable: Condition | None = None
     count_attempts: bool = False
+    recover_index: Index = "GSI2"
+    due: Callable[[Item, datetime], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -164,11 +167,11 @@ class LeasedQueue:
         """The keys in the recovery partition that no live lease holds."""
         if self.spec.recover_from is None:
             return []
-        now = self.clock()
+        now, due = self.clock(), self.spec.due
         return [
             (item["PK"], item["SK"])
-            async for item in every_item(self.table, self.spec.recover_from, index="GSI2")
-            if not leases.is_live(item, now)
+            async for item in every_item(self.table, self.spec.recover_from, index=self.spec.recover_index)
+            if not leases.is_live(item, now) and (due is None or due(item, now))
         ]
 
     async def recover(self) -> int:

@@ -37,7 +37,7 @@ from resolvers.processes.leased import Claim, LeasedQueue, LeaseSpec
 from store import keys
 from store.enums import CapsuleStatus, NotificationType, PushPlatform
 from store.items import Capsule, Family, Membership, Notification, PushDevice, User, iso
-from store.port import Condition, ConditionFailed, Exists, Item, Key, Table, Update, all_of, eq, every_item
+from store.port import Condition, ConditionFailed, Exists, Item, Key, Table, Update, all_of, eq
 
 log = logging.getLogger("mifamilias.pusher")
 
@@ -307,8 +307,21 @@ async def _none() -> None:
 
 # Running ---------------------------------------------------------------------------------
 
-# What a worker may claim: a note still in the push outbox.
-SPEC = LeaseSpec("push", claimable=eq("GSI1PK", keys.PUSH_OUTBOX_PK))
+
+def _not_waiting(item: Item, now: datetime) -> bool:
+    """A note of the outbox is due unless it waits for a retry."""
+    return str(item.get("pushRetryAt") or "") <= iso(now)
+
+
+# What a worker may claim: a note still in the push outbox (on GSI1), not
+# waiting for a retry.
+SPEC = LeaseSpec(
+    "push",
+    claimable=eq("GSI1PK", keys.PUSH_OUTBOX_PK),
+    recover_from=keys.PUSH_OUTBOX_PK,
+    recover_index="GSI1",
+    due=_not_waiting,
+)
 
 
 @dataclass(frozen=True)
@@ -404,22 +417,10 @@ class PushQueue:
     async def due(self) -> list[Key]:
         """The notes of the push outbox that no live lease holds and that are
         not waiting for a retry."""
-        now = self.clock()
-        moment = iso(now)
-        return [
-            (item["PK"], item["SK"])
-            async for item in every_item(self.table, keys.PUSH_OUTBOX_PK, index="GSI1")
-            if not leases.is_live(item, now) and str(item.get("pushRetryAt") or "") <= moment
-        ]
+        return await self.jobs.due()
 
     async def recover(self) -> int:
         """Queues what is due; nothing while stopped (its workers would not run it)."""
         if not self._running:
             return 0
-        found = 0
-        for key in await self.due():
-            if self.queue.full():
-                break
-            self.submit(key)
-            found += 1
-        return found
+        return await self.jobs.recover()
