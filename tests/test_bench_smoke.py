@@ -26,8 +26,7 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
         "`me` GraphQL / plain (req/s)",
         "`feed` GraphQL / plain (req/s)",
         "ours / bare (medians)",
-        "server RSS per idle subscription, deflate off (2 clients)",
-        "server RSS per idle subscription, deflate on (2 clients)",
+        "server RSS per idle subscription, deflate off (2 clients; each implementation below)",
         "query `me`",
         "mutation `setTags`",
         "/healthz p50 / p99 (ms): (a) amplification query, repeatedly",
@@ -40,6 +39,11 @@ def test_every_section_reports_its_rows(tmp_path: Path) -> None:
         "ours / floor, 4 workers",
     ):
         assert expected in measures, expected
+    for implementation in ("websockets", "websockets-sansio", "wsproto"):
+        for deflate in ("off", "on"):
+            wanted = f"server RSS per idle subscription, `{implementation}`, deflate {deflate} (2 clients)"
+            assert any(m.startswith(wanted) for m in measures), wanted
+    assert any(m.startswith("full collection with") and "frozen after the burst" in m for m in measures)
     assert any(m.startswith("embedded store:") for m in measures)
     assert any(m.startswith("DynamoDB (moto_server)") for m in measures)
     # Section 8 checks that every capsule opened once and every event arrived.
