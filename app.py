@@ -40,6 +40,7 @@ from resolvers.core import logs
 from resolvers.core.auth import mint_token
 from resolvers.core.config import ConfigError, Settings
 from resolvers.core.context import utc_now
+from resolvers.core.heap import tune_collector
 from resolvers.core.metrics import Metrics
 from resolvers.domain import mail
 from resolvers.runtime import compose, local_blob_store, observe_table, start_background
@@ -185,6 +186,7 @@ def create_app(
             await start_background(state.services, stack)
             # What exists now lives as long as the process: keep the collector
             # from walking it again on every full collection.
+            tune_collector()
             gc.freeze()
             yield
             # Done already when `serve` runs (GracefulServer); not when another

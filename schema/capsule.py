@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import strawberry
 
 from resolvers.domain import capsules, users
-from schema.common import Info, PageInfo, maybe_when, when
+from schema.common import Edge, Info, PageInfo, maybe_when, when
 from schema.content import Content
 from schema.enums import CapsuleStatus
 from schema.user import User
@@ -84,8 +84,7 @@ class Capsule:
 
 
 @strawberry.type
-class CapsuleEdge:
-    cursor: str
+class CapsuleEdge(Edge):
     node: Capsule
 
 
@@ -110,8 +109,8 @@ class CapsuleUnlockedEvent:
 def capsule_connection(page: capsules.CapsulePage) -> CapsuleConnection:
     return CapsuleConnection(
         edges=[
-            CapsuleEdge(cursor=cursor, node=Capsule(item=capsule))
+            CapsuleEdge(position=cursor, node=Capsule(item=capsule))
             for capsule, cursor in zip(page.capsules, page.cursors, strict=True)
         ],
-        page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+        page_info=PageInfo(has_next_page=page.has_next, end=page.end_cursor),
     )

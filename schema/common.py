@@ -8,6 +8,7 @@ import strawberry
 from strawberry.types import Info as StrawberryInfo
 
 from resolvers.core.context import Context
+from resolvers.core.cursors import Cursor
 from store.items import parse_iso
 
 Info = StrawberryInfo[Context, None]
@@ -16,7 +17,23 @@ Info = StrawberryInfo[Context, None]
 @strawberry.type
 class PageInfo:
     has_next_page: bool
-    end_cursor: str | None
+    end: strawberry.Private[Cursor | str | None]
+
+    @strawberry.field
+    def end_cursor(self) -> str | None:
+        return None if self.end is None else str(self.end)
+
+
+@strawberry.type
+class Edge:
+    """What every connection's edge holds first: its cursor, signed only if the
+    answer asks for it."""
+
+    position: strawberry.Private[Cursor]
+
+    @strawberry.field
+    def cursor(self) -> str:
+        return str(self.position)
 
 
 def when(text: str) -> datetime:

@@ -9,7 +9,7 @@ from resolvers.core.pagination import page_size
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import search as search_resolvers
 from resolvers.domain import users
-from schema.common import Info, PageInfo, maybe_when, when
+from schema.common import Edge, Info, PageInfo, maybe_when, when
 from schema.enums import ContentStatus, ContentType
 from schema.user import User
 from store import items
@@ -47,8 +47,7 @@ class Comment:
 
 
 @strawberry.type
-class CommentEdge:
-    cursor: str
+class CommentEdge(Edge):
     node: Comment
 
 
@@ -156,10 +155,10 @@ class Content:
         page = await content_resolvers.comments_page(info.context, self.item, page_size(first, 20), after)
         return CommentConnection(
             edges=[
-                CommentEdge(cursor=cursor, node=Comment(item=items.Comment.from_item(item)))
+                CommentEdge(position=cursor, node=Comment(item=items.Comment.from_item(item)))
                 for item, cursor in zip(page.items, page.cursors, strict=True)
             ],
-            page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+            page_info=PageInfo(has_next_page=page.has_next, end=page.end_cursor),
         )
 
     @strawberry.field
@@ -171,8 +170,7 @@ class Content:
 
 
 @strawberry.type
-class ContentEdge:
-    cursor: str
+class ContentEdge(Edge):
     node: Content
 
 
@@ -237,10 +235,10 @@ async def search_connection(
     )
     return ContentConnection(
         edges=[
-            ContentEdge(cursor=cursor, node=Content(item=content))
+            ContentEdge(position=cursor, node=Content(item=content))
             for content, cursor in zip(found, page.cursors, strict=True)
         ],
-        page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+        page_info=PageInfo(has_next_page=page.has_next, end=page.end_cursor),
     )
 
 
@@ -250,8 +248,8 @@ async def feed_connection(
     page = await content_resolvers.feed_page(info.context, family_id, page_size(first, 20), after)
     return ContentConnection(
         edges=[
-            ContentEdge(cursor=cursor, node=Content(item=items.Content.from_item(item)))
+            ContentEdge(position=cursor, node=Content(item=items.Content.from_item(item)))
             for item, cursor in zip(page.items, page.cursors, strict=True)
         ],
-        page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+        page_info=PageInfo(has_next_page=page.has_next, end=page.end_cursor),
     )

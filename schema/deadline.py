@@ -8,6 +8,10 @@ the deadline, `DeadlinePassed` unwinds the operation from wherever it is.
 It derives from BaseException on purpose: graphql-core turns every Exception a
 field raises into a located error and goes on with the next field; this one
 must not be caught until the schema answers the operation as stopped.
+
+The loop is shared too: a field whose value had to be awaited (a store read,
+a page) takes a turn (`resolvers.core.turns`) before its value is completed,
+so a large answer is built a piece at a time between other work.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from resolvers.core.turns import TURNS
 from schema.multiplex import MultiplexingExecutionContext
 
 # The monotonic time past which the running operation's fields stop, if any.
@@ -49,3 +54,21 @@ class StoppingExecutionContext(MultiplexingExecutionContext):
         if self.stop_at is not None and time.monotonic() > self.stop_at:
             raise DeadlinePassed
         return super().execute_field(*args, **kwargs)
+
+    def complete_awaitable_value(
+        self,
+        return_type: Any,
+        field_details_list: Any,
+        info: Any,
+        path: Any,
+        result: Any,
+        position_context: Any,
+    ) -> Any:
+        return super().complete_awaitable_value(
+            return_type, field_details_list, info, path, self._then_a_turn(result), position_context
+        )
+
+    async def _then_a_turn(self, result: Any) -> Any:
+        value = await result
+        await TURNS.take(self.context_value)
+        return value

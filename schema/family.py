@@ -9,7 +9,7 @@ import strawberry
 from resolvers.core.errors import not_found
 from resolvers.core.pagination import page_size
 from resolvers.domain import families, users
-from schema.common import Info, PageInfo, maybe_when, when
+from schema.common import Edge, Info, PageInfo, maybe_when, when
 from schema.enums import FamilyEventType, FamilyRole, PostingPolicy, TrustLevel
 from schema.user import User
 from store import items
@@ -71,10 +71,10 @@ class Family:
         events = [items.FamilyEvent.from_item(item) for item in page.items]
         return FamilyEventConnection(
             edges=[
-                FamilyEventEdge(cursor=cursor, node=FamilyEvent(item=event))
+                FamilyEventEdge(position=cursor, node=FamilyEvent(item=event))
                 for event, cursor in zip(events, page.cursors, strict=True)
             ],
-            page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+            page_info=PageInfo(has_next_page=page.has_next, end=page.end_cursor),
         )
 
     @strawberry.field
@@ -105,13 +105,12 @@ class Family:
         _, viewer = await families.visible_family(info.context, self.item.id)
         page = await families.members_page(info.context, self.item, viewer, page_size(first, 50), after)
         members = [items.Membership.from_item(item) for item in page.items]
-        cursors = page.cursors or [""] * len(members)
         return FamilyMemberConnection(
             edges=[
-                FamilyMemberEdge(cursor=cursor, node=FamilyMember(item=m, family_item=self.item))
-                for m, cursor in zip(members, cursors, strict=True)
+                FamilyMemberEdge(position=cursor, node=FamilyMember(item=m, family_item=self.item))
+                for m, cursor in zip(members, page.cursors, strict=True)
             ],
-            page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+            page_info=PageInfo(has_next_page=page.has_next, end=page.end_cursor),
         )
 
     @strawberry.field(description="newest first; PENDING members cannot read it")
@@ -155,8 +154,7 @@ class FamilyMember:
 
 
 @strawberry.type
-class FamilyMemberEdge:
-    cursor: str
+class FamilyMemberEdge(Edge):
     node: FamilyMember
 
 
@@ -239,8 +237,7 @@ class FamilyEvent:
 
 
 @strawberry.type
-class FamilyEventEdge:
-    cursor: str
+class FamilyEventEdge(Edge):
     node: FamilyEvent
 
 

@@ -12,7 +12,7 @@ from resolvers.core.pagination import ItemPage
 from resolvers.domain import capsules, families, notifications
 from resolvers.domain import content as content_resolvers
 from schema.capsule import Capsule
-from schema.common import Info, PageInfo, when
+from schema.common import Edge, Info, PageInfo, when
 from schema.content import Content
 from schema.enums import NotificationType
 from store import items
@@ -78,8 +78,7 @@ class Notification:
 
 
 @strawberry.type
-class NotificationEdge:
-    cursor: str
+class NotificationEdge(Edge):
     node: Notification
 
 
@@ -110,14 +109,14 @@ class NotificationConnection:
     async def edges(self) -> list[NotificationEdge]:
         page = await self.source.get()
         return [
-            NotificationEdge(cursor=cursor, node=Notification(item=items.Notification.from_item(item)))
+            NotificationEdge(position=cursor, node=Notification(item=items.Notification.from_item(item)))
             for item, cursor in zip(page.items, page.cursors, strict=True)
         ]
 
     @strawberry.field
     async def page_info(self) -> PageInfo:
         page = await self.source.get()
-        return PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor)
+        return PageInfo(has_next_page=page.has_next, end=page.end_cursor)
 
     @strawberry.field(
         description="how many of the viewer's notifications are unread, whatever this page holds "

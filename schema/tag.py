@@ -7,7 +7,7 @@ import strawberry
 from resolvers.domain import content as content_resolvers
 from resolvers.domain import users
 from resolvers.domain.tags import TagPage
-from schema.common import Info, PageInfo, when
+from schema.common import Edge, Info, PageInfo, when
 from schema.content import Content
 from schema.user import User
 from store import items
@@ -48,8 +48,7 @@ class Tag:
 
 
 @strawberry.type
-class TagEdge:
-    cursor: str
+class TagEdge(Edge):
     node: Tag
 
 
@@ -68,8 +67,8 @@ class TagStatus:
 def tag_connection(page: TagPage) -> TagConnection:
     return TagConnection(
         edges=[
-            TagEdge(cursor=cursor, node=Tag(item=tag, content_item=content))
+            TagEdge(position=cursor, node=Tag(item=tag, content_item=content))
             for tag, content, cursor in zip(page.tags, page.contents, page.cursors, strict=True)
         ],
-        page_info=PageInfo(has_next_page=page.has_next, end_cursor=page.end_cursor),
+        page_info=PageInfo(has_next_page=page.has_next, end=page.end_cursor),
     )

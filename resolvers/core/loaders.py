@@ -124,7 +124,8 @@ class Loaders:
         of their own, and the rule itself stays where it is. A failure reaches
         whoever loads the key later."""
         for key in keys:
-            self.item.load(key).add_done_callback(_retrieved)
+            if key not in self.item.cached:
+                self.item.load(key).add_done_callback(_retrieved)
 
     def load_with(self, key: Key, *also: Key) -> asyncio.Future[Item | None]:
         """Loads `key`; when it is not asked for yet, `also` joins its batch

@@ -6,9 +6,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from resolvers.core.context import Context
+from resolvers.core.cursors import Cursor
 from resolvers.core.errors import BadInput
 from resolvers.core.loaders import QuerySpec
-from store.expressions import cursor_for
+from resolvers.core.turns import TURNS
 from store.port import Index, InvalidCursor, Item, SortKey
 
 MAX_PAGE = 100
@@ -17,13 +18,13 @@ MAX_PAGE = 100
 @dataclass(frozen=True)
 class ItemPage:
     items: list[Item]
-    cursors: list[str]
+    cursors: list[Cursor]
     has_next: bool
     # Past the last edge when filtering stopped reading before filling the page.
-    resume_cursor: str | None = None
+    resume_cursor: Cursor | str | None = None
 
     @property
-    def end_cursor(self) -> str | None:
+    def end_cursor(self) -> Cursor | str | None:
         return self.resume_cursor or (self.cursors[-1] if self.cursors else None)
 
 
@@ -57,10 +58,12 @@ async def query_page(
         )
     except InvalidCursor as error:
         raise BadInput("the cursor is not valid") from error
+    # A page is a hundred objects to decide on and complete: the loop's other work goes first.
+    await TURNS.take(ctx)
     # Both indexes project every attribute: what a page holds is the item itself,
     # so point reads of the same items later in the operation need no round trip.
     ctx.loaders.prime(page.items)
-    cursors = [ctx.services.cursors.sign(scope, cursor_for(item, index)) for item in page.items]
+    cursors = [ctx.services.cursors.after(scope, item, index) for item in page.items]
     return ItemPage(page.items, cursors, page.cursor is not None)
 
 
@@ -83,7 +86,7 @@ async def filtered_page(
     check_first(first)
     position = ctx.services.cursors.open(scope, after) if after else None
     kept: list[Item] = []
-    cursors: list[str] = []
+    cursors: list[Cursor] = []
     for _ in range(max_reads):
         try:
             page = await ctx.table.query(
@@ -91,6 +94,7 @@ async def filtered_page(
             )
         except InvalidCursor as error:
             raise BadInput("the cursor is not valid") from error
+        await TURNS.take(ctx)
         ctx.loaders.prime(page.items)
         for item, wanted in zip(page.items, await keep(page.items), strict=True):
             if not wanted:
@@ -98,7 +102,7 @@ async def filtered_page(
             if len(kept) == first:
                 return ItemPage(kept, cursors, True)  # one more is left: there is a next page
             kept.append(item)
-            cursors.append(ctx.services.cursors.sign(scope, cursor_for(item, index)))
+            cursors.append(ctx.services.cursors.after(scope, item, index))
         if page.cursor is None:
             return ItemPage(kept, cursors, False)
         if len(kept) == first:

@@ -204,11 +204,11 @@ async def _decide(ctx: Context, record: GuardedRecord) -> bool:
     if isinstance(record, Content):
         if is_sealed(record) and record.author_id != viewer:
             return False
-        # One batch: the membership and the family item (which names who is leaving).
-        found, leaving = await asyncio.gather(
-            reader(ctx, record.family_id), departing(ctx, record.family_id, record.author_id)
-        )
-        return found is not None and not leaving
+        # The family item (which names who is leaving) joins the membership's batch.
+        ctx.loaders.ask(keys.family(record.family_id))
+        if await reader(ctx, record.family_id) is None:
+            return False
+        return not await departing(ctx, record.family_id, record.author_id)
     if isinstance(record, Capsule):
         return capsule_readable(record, viewer, await membership(ctx, record.family_id, with_family=True))
     if isinstance(record, Recipient):
@@ -257,10 +257,39 @@ async def may_read(ctx: Context, record: GuardedRecord) -> bool:
     return found
 
 
+def _first_read(record: GuardedRecord) -> tuple[type, str]:
+    """What deciding on the record reads first: records that share it are
+    decided from the same loaded items."""
+    if isinstance(record, Family):
+        return (Family, record.id)
+    if isinstance(record, Content | Capsule | Membership | FamilyInvite | FamilyEvent):
+        return (Family, record.family_id)
+    if isinstance(record, Recipient):
+        return (Capsule, record.capsule_id)
+    if isinstance(record, Comment | Tag):
+        return (Content, record.content_id)
+    return (type(record), "")
+
+
+async def verdicts(ctx: Context, records: Sequence[GuardedRecord]) -> list[bool]:
+    """`may_read` for each record, in order. One record for each distinct first
+    read is decided concurrently, so their reads share one batch; the others
+    are then decided from the loaders' cache, one after another, without a
+    task each (a page of a hundred in one family costs one task, not a
+    hundred: thousands of ready tasks would hold the loop for all of them)."""
+    first: dict[tuple[type, str], GuardedRecord] = {}
+    for record in records:
+        if cached_verdict(ctx, record) is None:
+            first.setdefault(_first_read(record), record)
+    if len(first) > 1:
+        await asyncio.gather(*(may_read(ctx, record) for record in first.values()))
+    return [await may_read(ctx, record) for record in records]
+
+
 async def readable(ctx: Context, records: Sequence[R]) -> list[R]:
     """The records the viewer may read, in order; their reads share a batch."""
-    verdicts = await asyncio.gather(*(may_read(ctx, record) for record in records))
-    return [record for record, allowed in zip(records, verdicts, strict=True) if allowed]
+    allowed = await verdicts(ctx, records)
+    return [record for record, ok in zip(records, allowed, strict=True) if ok]
 
 
 async def readable_page(ctx: Context, page: ItemPage, record: type[R]) -> ItemPage:
@@ -268,10 +297,10 @@ async def readable_page(ctx: Context, page: ItemPage, record: type[R]) -> ItemPa
     author's, in a page whose every item the family's readers otherwise see).
     It may come out short; its end cursor stays where the read stopped."""
     records = [record.from_item(item) for item in page.items]
-    verdicts = await asyncio.gather(*(may_read(ctx, r) for r in records))
-    if all(verdicts):
+    allowed = await verdicts(ctx, records)
+    if all(allowed):
         return page
-    kept = [(item, cursor) for item, cursor, ok in zip(page.items, page.cursors, verdicts, strict=True) if ok]
+    kept = [(item, cursor) for item, cursor, ok in zip(page.items, page.cursors, allowed, strict=True) if ok]
     return ItemPage(
         [item for item, _ in kept], [cursor for _, cursor in kept], page.has_next, page.end_cursor
     )

@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from resolvers.core.context import Context
+from resolvers.core.cursors import Cursor
 from resolvers.core.errors import BadInput, Conflict, Forbidden
 from resolvers.core.pagination import MAX_PAGE, ItemPage, query_page
 from resolvers.core.slices import built, each
@@ -283,14 +284,14 @@ class CapsulePage:
     leaves a gap in the page rather than a hint that it exists."""
 
     capsules: list[Capsule]
-    cursors: list[str]
+    cursors: list[Cursor]
     has_next: bool
-    end_cursor: str | None
+    end_cursor: Cursor | str | None
 
 
 async def _readable_page(ctx: Context, page: ItemPage, capsules: list[Capsule | None]) -> CapsulePage:
     found = [(c, cursor) for c, cursor in zip(capsules, page.cursors, strict=True) if c is not None]
-    verdicts = await asyncio.gather(*(access.may_read(ctx, c) for c, _ in found))
+    verdicts = await access.verdicts(ctx, [c for c, _ in found])
     chosen = [pair for pair, allowed in zip(found, verdicts, strict=True) if allowed]
     return CapsulePage(
         [c for c, _ in chosen], [cursor for _, cursor in chosen], page.has_next, page.end_cursor

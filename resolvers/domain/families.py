@@ -140,7 +140,9 @@ async def members_page(
     if viewer.role not in READERS:
         # A PENDING member sees their own membership only.
         item = await ctx.loaders.item.load(viewer.key)
-        return ItemPage([item] if item else [], [], False)
+        if item is None:
+            return ItemPage([], [], False)
+        return ItemPage([item], [ctx.services.cursors.after(f"members:{family.id}", item, "table")], False)
     return await query_page(
         ctx,
         scope=f"members:{family.id}",

@@ -82,6 +82,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from resolvers.core.context import Context
+from resolvers.core.cursors import Cursor
 from resolvers.core.errors import BadInput, Conflict, not_found
 from resolvers.core.pagination import filtered_page
 from resolvers.core.validation import check_display
@@ -532,9 +533,9 @@ async def tag_status(ctx: Context, family_id: str, set_name: str) -> tuple[bool,
 class TagPage:
     tags: list[Tag]
     contents: list[Content]  # the content of each tag, already checked readable
-    cursors: list[str]
+    cursors: list[Cursor]
     has_next: bool
-    end_cursor: str | None
+    end_cursor: Cursor | str | None
 
 
 async def search_tags(ctx: Context, family_id: str, prefix: str, first: int, after: str | None) -> TagPage:
@@ -616,7 +617,7 @@ async def _visible(ctx: Context, found: list[Item]) -> list[tuple[Tag, Content] 
         [keys.member(family_id, viewer) for family_id in family_ids]
         + [keys.family(family_id) for family_id in family_ids]
     )
-    verdicts = await asyncio.gather(*(access.may_read(ctx, tag) for tag in tags))
+    verdicts = await access.verdicts(ctx, tags)
     return [
         (tag, content) if allowed and content is not None else None
         for tag, content, allowed in zip(tags, contents, verdicts, strict=True)
