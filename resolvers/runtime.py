@@ -334,6 +334,9 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
             )
         ),
         asyncio.create_task(
+            every(ARCHIVE_SWEEP_SECONDS, "cancelled capsules' upload sweep", pipeline.sweep_abandoned, tracer)
+        ),
+        asyncio.create_task(
             every(settings.pipeline_recovery_seconds, "export recovery", services.exports.recover)
         ),
         asyncio.create_task(every(ARCHIVE_SWEEP_SECONDS, "export expiry sweep", services.exports.sweep)),

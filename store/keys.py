@@ -171,6 +171,15 @@ def pipeline_gsi2(since: str, content_id: str) -> tuple[str, str]:
     return (PIPELINE_PK, f"{since}#{content_id}")
 
 
+ABANDONED_UPLOADS_PK = "ABANDONED_UPLOADS"
+
+
+def abandoned_upload_gsi2(since: str, content_id: str) -> tuple[str, str]:
+    """Content whose capsule was cancelled while its upload was under way, by
+    when, for the sweep that removes it once the upload can no longer finish."""
+    return (ABANDONED_UPLOADS_PK, f"{since}#{content_id}")
+
+
 ARCHIVE_SHARDS = 8
 
 

@@ -22,7 +22,7 @@ from resolvers.core.slices import built, each
 from resolvers.core.validation import clean_text
 from resolvers.domain import access, families
 from store import keys
-from store.enums import CapsuleStatus
+from store.enums import CapsuleStatus, ContentStatus
 from store.items import Capsule, Content, Recipient, iso
 from store.port import (
     ConditionFailed,
@@ -34,6 +34,7 @@ from store.port import (
     Update,
     WriteOp,
     eq,
+    op_key,
 )
 
 MAX_TITLE = 200
@@ -217,15 +218,42 @@ async def cancel_capsule(ctx: Context, capsule_id: str) -> Capsule:
         capsule.recipient_ids,
         lambda user: Update(keys.recipient(capsule.id, user), remove=["GSI1PK", "GSI1SK"]),
     )
-    head, rest = _split(unlisted)
-    try:
-        await ctx.table.transact([*ops, *head])
-    except TransactionCancelled as error:
-        raise Conflict("the capsule changed meanwhile; it may be LOCKED now") from error
+    head, rest = _split(unlisted, beside=2)  # the capsule's write, and its upload's
+    for _ in range(3):
+        # An upload under way is listed for the sweep in the same step: nobody
+        # else could ever finish or remove it once its capsule is gone.
+        listed = await _abandoned_upload(ctx, capsule)
+        try:
+            await ctx.table.transact([*ops, *listed, *head])
+            break
+        except TransactionCancelled as error:
+            if not (listed and error.failed_on(op_key(listed[0]))):
+                raise Conflict("the capsule changed meanwhile; it may be LOCKED now") from error
+            ctx.loaders.forget(op_key(listed[0]))  # the upload moved on meanwhile: read it again
+    else:
+        raise Conflict("the capsule's upload kept changing; try again")
     # Unlisted after the capsule is CANCELLED: the read rule already hides it.
     await _in_transactions(ctx.table, rest)
     ctx.loaders.forget(capsule.key)
     return replace(capsule, status=CapsuleStatus.CANCELLED)
+
+
+async def _abandoned_upload(ctx: Context, capsule: Capsule) -> list[WriteOp]:
+    """The write that lists the capsule's content for the abandoned-upload sweep,
+    if its upload is still under way."""
+    if capsule.content_id is None:
+        return []
+    item = await ctx.loaders.item.load(keys.content(capsule.content_id))
+    if item is None or item["status"] != ContentStatus.UPLOADING:
+        return []
+    gsi2pk, gsi2sk = keys.abandoned_upload_gsi2(ctx.services.now_iso(), capsule.content_id)
+    return [
+        Update(
+            keys.content(capsule.content_id),
+            set={"GSI2PK": gsi2pk, "GSI2SK": gsi2sk},
+            condition=eq("status", ContentStatus.UPLOADING),
+        )
+    ]
 
 
 async def open_capsule(ctx: Context, capsule_id: str) -> Capsule:

@@ -44,7 +44,7 @@ from resolvers.domain import notifications, search
 from resolvers.domain.content import original_key, publish_status
 from resolvers.processes.leased import Claim, LeasedJob, LeaseSpec, cancelling
 from store import keys
-from store.blobs import BlobStore
+from store.blobs import ABANDONED_UPLOAD_DAYS, BlobStore
 from store.enums import ContentStatus, ContentType
 from store.items import IN_PIPELINE, Content, iso
 from store.port import (
@@ -54,6 +54,7 @@ from store.port import (
     Table,
     any_of,
     eq,
+    every_item,
 )
 
 if TYPE_CHECKING:
@@ -341,6 +342,32 @@ class Pipeline(LeasedJob):
         except ConditionFailed:
             return 0
         return 1
+
+    # Abandoned uploads -----------------------------------------------------------
+
+    async def sweep_abandoned(self) -> int:
+        """Content whose capsule was cancelled while its upload was under way
+        (`cancelCapsule` lists it), once that upload can no longer finish: its
+        parts are dropped after ABANDONED_UPLOAD_DAYS. Its blobs go first, then
+        the item, on the condition that it is still UPLOADING; a pass that stops
+        in between is finished by the next."""
+        cutoff = iso(self.clock() - timedelta(days=ABANDONED_UPLOAD_DAYS))
+        swept = 0
+        async for item in every_item(
+            self.table, keys.ABANDONED_UPLOADS_PK, SortKey("<", cutoff), index="GSI2"
+        ):
+            content = Content.from_item(item)
+            if content.status != ContentStatus.UPLOADING:
+                continue  # it left the list when its upload finished
+            await self.blobs.delete([*content.blob_keys(), original_key(content)])
+            if content.upload_id is not None:
+                await self.blobs.abort_multipart(original_key(content), content.upload_id)
+            try:
+                await self.table.delete(content.key, condition=eq("status", ContentStatus.UPLOADING))
+            except ConditionFailed:
+                continue
+            swept += 1
+        return swept
 
 
 def _blob_keys(content: Content) -> Sequence[str]:

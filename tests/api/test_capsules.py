@@ -7,8 +7,10 @@ from datetime import timedelta
 from typing import Any
 
 from store import keys
+from store.blobs import ABANDONED_UPLOAD_DAYS
+from store.port import Update
 from tests.api.conftest import Api
-from tests.factories import family_with_members, settle, start_upload, upload
+from tests.factories import family_with_members, put_bytes, settle, start_upload, upload
 
 CREATE = """mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) {
   id status title unlockDate notificationSent recipients { user { id } notifiedAt viewedAt } } }"""
@@ -182,6 +184,44 @@ async def test_the_upload_of_a_cancelled_capsule_is_deletable_by_its_author(api:
     assert (await api.error(delete, {"id": content_id}, as_="ben"))[0] == "NOT_FOUND"
     assert (await api.ok(delete, {"id": content_id}, as_="ana"))["deleteContent"] is True
     assert await api.table.get(keys.content(content_id)) is None
+
+
+async def test_a_cancelled_capsules_abandoned_upload_is_swept(media_api: Api) -> None:
+    api = media_api
+    family_id = await family_with_members(api, "ana", ["ben"])
+    capsule_id = await make_capsule(api, "ana", family_id, ["ben"])
+    await api.ok(SCHEDULE, {"id": capsule_id}, as_="ana")
+    started = await start_upload(api, "ana", family_id, "TEXT", "text/plain", 4, capsule_id=capsule_id)
+    content_id = started["content"]["id"]
+    # The bytes arrive, but nobody completes the upload before the capsule goes.
+    assert await put_bytes(api, started["uploadUrl"], b"hola", "text/plain") == 200
+    original = f"content/{content_id}/original"
+    pipeline = api.services.pipeline
+    assert await pipeline.sweep_abandoned() == 0  # nothing is listed while the capsule stands
+    await api.ok(CANCEL, {"id": capsule_id}, as_="ana")
+
+    api.clock.advance(days=ABANDONED_UPLOAD_DAYS - 1)
+    assert await pipeline.sweep_abandoned() == 0  # the upload could still finish
+    assert await api.services.blobs.head(original) == 4
+    api.clock.advance(days=2)
+    assert await pipeline.sweep_abandoned() == 1
+    assert await api.table.get(keys.content(content_id)) is None
+    assert await api.services.blobs.head(original) is None
+    assert await pipeline.sweep_abandoned() == 0  # once
+
+
+async def test_a_cancelled_capsules_finished_upload_is_not_swept(api: Api) -> None:
+    family_id = await family_with_members(api, "ana", ["ben"])
+    capsule_id = await make_capsule(api, "ana", family_id, ["ben"])
+    await api.ok(SCHEDULE, {"id": capsule_id}, as_="ana")
+    started = await start_upload(api, "ana", family_id, "TEXT", "text/plain", 4, capsule_id=capsule_id)
+    content_id = started["content"]["id"]
+    await api.ok(CANCEL, {"id": capsule_id}, as_="ana")
+    # Its upload finishes after all (the condition the sweep deletes on stops holding).
+    await api.table.update(Update(keys.content(content_id), set={"status": "PROCESSING"}))
+    api.clock.advance(days=ABANDONED_UPLOAD_DAYS + 1)
+    assert await api.services.pipeline.sweep_abandoned() == 0
+    assert await api.table.get(keys.content(content_id)) is not None
 
 
 async def test_cancel_and_a_capsule_left_empty(api: Api) -> None:
