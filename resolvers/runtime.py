@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from resolvers.adapters import webpush
 from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
+from resolvers.adapters.budget import RedisBudgetCounter
 from resolvers.adapters.sns import SnsPush
 from resolvers.adapters.transcribe import Transcriber, TranscriptionError
 from resolvers.adapters.webpush import WebPushSender
@@ -26,7 +27,7 @@ from resolvers.core.heap import SubscriptionHeap
 from resolvers.core.metrics import Metrics
 from resolvers.core.observed import ObservedTable, botocore_client, engine_of, watch_botocore
 from resolvers.core.persisted import ManifestError, PersistedDocuments, TrustedDocuments, load_manifest
-from resolvers.core.ratelimit import RateLimiter, parse_limits
+from resolvers.core.ratelimit import BudgetCounter, RateLimiter, TableBudgetCounter, parse_limits
 from resolvers.domain import capsules
 from resolvers.processes.accounts import AccountDeletions
 from resolvers.processes.exports import ExportBuilder
@@ -250,10 +251,16 @@ async def compose(
         table=table, clock=clock, lease=timedelta(seconds=settings.pipeline_lease_seconds)
     )
     stack.push_async_callback(accounts.stop)
+    budget_counter: BudgetCounter = TableBudgetCounter(table)
+    if settings.redis_url and settings.cost_budget > 0:
+        in_redis = RedisBudgetCounter(settings.redis_url, fallback=budget_counter)
+        stack.push_async_callback(in_redis.close)
+        budget_counter = in_redis
     rates = RateLimiter(
         table,
         parse_limits(settings.rate_limits),
         cost_budget=settings.cost_budget,
+        budget_counter=budget_counter,
         streams_per_person=settings.max_subscriptions_per_person,
     )
     stack.push_async_callback(rates.streams.stop)

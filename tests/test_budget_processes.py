@@ -1,6 +1,6 @@
 """The cost budget is one per person across every server process: two real
-processes on one table (each engine), the budget spent on one, refused on the
-other."""
+processes on one table (each engine), or on one Redis, the budget spent on
+one, refused on the other."""
 
 from __future__ import annotations
 
@@ -18,12 +18,15 @@ BUDGET = 6
 ME = "{ me { id } rateLimit { cost used remaining resetAt } }"  # 2 points
 
 
-@pytest.fixture(params=["sqlite", "dynamodb"])
+@pytest.fixture(params=["sqlite", "dynamodb", "sqlite-redis"])
 async def pair(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[tuple[ServerProcess, ServerProcess]]:
-    async with engine_env(request.param, request) as env:
+    engine, _, counted_in = request.param.partition("-")
+    async with engine_env(engine, request) as env:
         settings = {"MIFAMILIAS_AUTH_SECRET": SECRET, "MIFAMILIAS_COST_BUDGET": str(BUDGET), **env}
+        if counted_in == "redis":
+            settings["MIFAMILIAS_REDIS_URL"] = request.getfixturevalue("redis_url")
         a = ServerProcess(tmp_path / "data", settings, name="a").start()
         try:
             b = ServerProcess(tmp_path / "data", settings, name="b").start()

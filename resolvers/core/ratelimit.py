@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from resolvers.core.errors import RateLimited
 from store import keys
@@ -98,11 +99,12 @@ class RateLimiter:
         limits: Mapping[str, Limit],
         *,
         cost_budget: int = 0,
+        budget_counter: BudgetCounter | None = None,
         streams_per_person: int = 50,
     ) -> None:
         self.table = table
         self.limits = limits
-        self.budget = CostBudget(table, cost_budget)
+        self.budget = CostBudget(budget_counter or TableBudgetCounter(table), cost_budget)
         self.streams = StreamSlots(table, streams_per_person)
 
     def _window(self, action: str, now: datetime) -> tuple[Limit, int, float] | None:
@@ -228,14 +230,62 @@ class BudgetState:
         }
 
 
+class BudgetCounter(Protocol):
+    """Where the points a person spent this minute are counted, for every process."""
+
+    async def spend(self, subject: str, window: int, cost: int, limit: int) -> int | None:
+        """Adds `cost` to `subject`'s count for `window` (a minute's start, in
+        seconds since the epoch) if the count stays within `limit`, atomically:
+        the count after, or None when it would not fit."""
+        ...
+
+    async def used(self, subject: str, window: int) -> int: ...
+
+
+class TableBudgetCounter:
+    """One counter item per person, updated under the condition that the points
+    fit, so processes racing cannot overspend it."""
+
+    def __init__(self, table: Table) -> None:
+        self.table = table
+
+    async def spend(self, subject: str, window: int, cost: int, limit: int) -> int | None:
+        key = keys.rate(subject, "cost")
+        add = Update(
+            key,
+            add={"count": cost},
+            condition=all_of(eq("window", window), Compare("count", "<=", limit - cost)),
+        )
+        start = Update(
+            key,
+            set={"window": window, "count": cost, TTL_ATTRIBUTE: window + BUDGET_SECONDS},
+            condition=any_of(NotExists(), Compare("window", "<", window)),
+        )
+        if cost > limit:
+            return None
+        for _ in range(ATTEMPTS):
+            for update in (add, start):
+                try:
+                    item = await self.table.update(update)
+                except ConditionFailed:
+                    continue
+                return int(item["count"])
+            if await self.used(subject, window) + cost > limit:
+                return None
+        return None
+
+    async def used(self, subject: str, window: int) -> int:
+        item = await self.table.get(keys.rate(subject, "cost"))
+        return int(item.get("count", 0)) if item is not None and item.get("window") == window else 0
+
+
 class CostBudget:
     """Cost points a person may spend a minute, across every operation and
-    every subscription event delivered to them, shared by every process: one
-    counter item per person and minute, charged under the condition that the
-    points fit (so processes racing cannot overspend it)."""
+    every subscription event delivered to them, shared by every process
+    through `counter` (the table's, or Redis's where it is configured)."""
 
-    def __init__(self, table: Table, points: int) -> None:
-        self.table = table
+    def __init__(self, counter: BudgetCounter, points: int) -> None:
+        self.counter = counter
         self.points = points
 
     @property
@@ -249,30 +299,11 @@ class CostBudget:
         if not self.enabled:
             return None
         moment = now.timestamp()
-        window = int(moment // BUDGET_SECONDS * BUDGET_SECONDS)
+        window = _minute(moment)
         reset_at = window + BUDGET_SECONDS
-        key = keys.rate(subject, "cost")
-        add = Update(
-            key,
-            add={"count": cost},
-            condition=all_of(eq("window", window), Compare("count", "<=", self.points - cost)),
-        )
-        start = Update(
-            key,
-            set={"window": window, "count": cost, TTL_ATTRIBUTE: reset_at},
-            condition=any_of(NotExists(), Compare("window", "<", window)),
-        )
-        if cost <= self.points:
-            for _ in range(ATTEMPTS):
-                for update in (add, start):
-                    try:
-                        item = await self.table.update(update)
-                    except ConditionFailed:
-                        continue
-                    return BudgetState(self.points, cost, int(item["count"]), reset_at)
-                state = await self.state(subject, now)
-                if state.used + cost > self.points:
-                    break
+        used = await self.counter.spend(subject, window, cost, self.points)
+        if used is not None:
+            return BudgetState(self.points, cost, used, reset_at)
         state = await self.state(subject, now)
         retry_after = max(1, math.ceil(reset_at - moment))
         raise RateLimited(
@@ -283,11 +314,13 @@ class CostBudget:
         )
 
     async def state(self, subject: str, now: datetime) -> BudgetState:
-        moment = now.timestamp()
-        window = int(moment // BUDGET_SECONDS * BUDGET_SECONDS)
-        item = await self.table.get(keys.rate(subject, "cost"))
-        used = int(item.get("count", 0)) if item is not None and item.get("window") == window else 0
+        window = _minute(now.timestamp())
+        used = await self.counter.used(subject, window)
         return BudgetState(self.points, 0, used, window + BUDGET_SECONDS)
+
+
+def _minute(moment: float) -> int:
+    return int(moment // BUDGET_SECONDS * BUDGET_SECONDS)
 
 
 # Live subscriptions at once --------------------------------------------------------
