@@ -232,6 +232,35 @@ async def engine_env(engine: str, request: pytest.FixtureRequest) -> AsyncIterat
             await table.client.delete_table(TableName=name)
 
 
+def pipeline_env(engine: dict[str, str], **more: str) -> dict[str, str]:
+    """A server process on `engine` whose pipeline lets go of a killed
+    process's content fast: a lease of 3 s, recovery every 0.5 s."""
+    return {
+        "MIFAMILIAS_AUTH_SECRET": SECRET,
+        "MIFAMILIAS_PIPELINE_LEASE_SECONDS": "3",
+        "MIFAMILIAS_PIPELINE_RECOVERY_SECONDS": "0.5",
+        **engine,
+        **more,
+    }
+
+
+async def post_graphql(
+    server: ServerProcess, token: str, query: str, variables: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The whole JSON answer of one operation, sent to a server process as the token's person."""
+    import httpx
+
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await client.post(
+            f"{server.url}/graphql",
+            json={"query": query, "variables": variables or {}},
+            headers={"Authorization": f"Bearer {token}"},
+        )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
 async def until(
     check: Callable[[], Any],
     what: str | Callable[[], str] = "a condition",

@@ -19,7 +19,7 @@ import websockets
 from resolvers.core.auth import mint_token
 from store import keys
 from tests import media_factory
-from tests.servers import SECRET, RedisProcess, ServerProcess, engine_env, until
+from tests.servers import SECRET, RedisProcess, ServerProcess, engine_env, pipeline_env, post_graphql, until
 
 ANA = mint_token(SECRET, "ana", given_name="Ana")
 
@@ -150,26 +150,8 @@ async def engine(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]
         yield env
 
 
-def _pipeline_env(engine: dict[str, str], **more: str) -> dict[str, str]:
-    return {
-        "MIFAMILIAS_AUTH_SECRET": SECRET,
-        "MIFAMILIAS_PIPELINE_LEASE_SECONDS": "3",
-        "MIFAMILIAS_PIPELINE_RECOVERY_SECONDS": "0.5",
-        **engine,
-        **more,
-    }
-
-
 async def _gql(server: ServerProcess, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=30) as client:
-        response = await client.post(
-            f"{server.url}/graphql",
-            json={"query": query, "variables": variables or {}},
-            headers={"Authorization": f"Bearer {ANA}"},
-        )
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
-    return body
+    return await post_graphql(server, ANA, query, variables)
 
 
 async def _start_video(server: ServerProcess, video: Path) -> str:
@@ -202,7 +184,7 @@ async def _status(server: ServerProcess, content_id: str) -> str:
 async def _killed_mid_transcode(engine: dict[str, str], tmp_path: Path, lease_seconds: int = 3) -> str:
     """A server process SIGKILLed while it transcodes a video: the content's id."""
     video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
-    env = _pipeline_env(engine, MIFAMILIAS_PIPELINE_LEASE_SECONDS=str(lease_seconds))
+    env = pipeline_env(engine, MIFAMILIAS_PIPELINE_LEASE_SECONDS=str(lease_seconds))
     first = ServerProcess(tmp_path / "data", env, name="first").start()
     try:
         content_id = await _start_video(first, video)
@@ -223,7 +205,7 @@ async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
     engine: dict[str, str], tmp_path: Path
 ) -> None:
     content_id = await _killed_mid_transcode(engine, tmp_path)
-    second = ServerProcess(tmp_path / "data", _pipeline_env(engine), name="second").start()
+    second = ServerProcess(tmp_path / "data", pipeline_env(engine), name="second").start()
     try:
         seen = await _statuses_until_ready(second, content_id, "the content to be READY after the restart")
         assert "FAILED" not in seen
@@ -239,7 +221,7 @@ async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
     # author's retry can move the content.
     content_id = await _killed_mid_transcode(engine, tmp_path, lease_seconds=60)
     second = ServerProcess(
-        tmp_path / "data", _pipeline_env(engine, MIFAMILIAS_PIPELINE_RECOVERY_SECONDS="3600"), name="second"
+        tmp_path / "data", pipeline_env(engine, MIFAMILIAS_PIPELINE_RECOVERY_SECONDS="3600"), name="second"
     ).start()
     try:
         retry = "mutation($id: ID!) { retryContent(contentId: $id) { status } }"
@@ -291,7 +273,7 @@ async def test_a_worker_stopped_mid_transcode_hands_its_lease_back(
     video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
     # A lease nobody outlives here: only a lease handed back lets the second
     # process take the content, and its recovery pass looks twice a second.
-    env = _pipeline_env(engine, MIFAMILIAS_PIPELINE_LEASE_SECONDS="3600")
+    env = pipeline_env(engine, MIFAMILIAS_PIPELINE_LEASE_SECONDS="3600")
     first = ServerProcess(tmp_path / "data", env, name="first").start()
     second: ServerProcess | None = None
     try:

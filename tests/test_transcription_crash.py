@@ -15,7 +15,7 @@ import pytest
 
 from resolvers.core.auth import mint_token
 from tests import media_factory as mf
-from tests.servers import SECRET, ServerProcess, engine_env, until
+from tests.servers import SECRET, ServerProcess, engine_env, pipeline_env, post_graphql, until
 
 ANA = mint_token(SECRET, "ana", given_name="Ana")
 
@@ -26,26 +26,11 @@ async def engine(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]
         yield env
 
 
-def _env(engine: dict[str, str]) -> dict[str, str]:
-    return {
-        "MIFAMILIAS_AUTH_SECRET": SECRET,
-        "MIFAMILIAS_PIPELINE_LEASE_SECONDS": "3",
-        "MIFAMILIAS_PIPELINE_RECOVERY_SECONDS": "0.5",
-        **engine,
-    }
-
-
 async def _gql(server: ServerProcess, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-    async with httpx.AsyncClient(timeout=30) as client:
-        response = await client.post(
-            f"{server.url}/graphql",
-            json={"query": query, "variables": variables or {}},
-            headers={"Authorization": f"Bearer {ANA}"},
-        )
-    assert response.status_code == 200, response.text
-    body: dict[str, Any] = response.json()
+    body = await post_graphql(server, ANA, query, variables)
     assert "errors" not in body, body
-    return body["data"]
+    data: dict[str, Any] = body["data"]
+    return data
 
 
 async def _upload_video(server: ServerProcess, video: Path) -> str:
@@ -109,7 +94,7 @@ async def test_a_server_killed_mid_transcription_is_resumed_by_the_next(
 ) -> None:
     english = mf.make_speech_wav(tmp_path, f"{mf.ENGLISH_SPEECH} {mf.ENGLISH_SPEECH}", "en")
     video = mf.make_video_with_speech(tmp_path, english)
-    first = ServerProcess(tmp_path / "data", _env(engine), name="first").start()
+    first = ServerProcess(tmp_path / "data", pipeline_env(engine), name="first").start()
     try:
         content_id = await _upload_video(first, video)
         assert first.process is not None
@@ -131,7 +116,7 @@ async def test_a_server_killed_mid_transcription_is_resumed_by_the_next(
     # The worker dies with its server: nobody is left decoding for a content the next resumes.
     await until(lambda: all(_gone(pid) for pid in workers), "the killed server's speech worker to exit")
 
-    second = ServerProcess(tmp_path / "data", _env(engine), name="second").start()
+    second = ServerProcess(tmp_path / "data", pipeline_env(engine), name="second").start()
     try:
         seen: list[str] = []
 
