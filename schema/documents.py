@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
-from graphql import DocumentNode, GraphQLError, parse
+from graphql import DocumentNode, GraphQLError, SelectionSetNode, Visitor, parse, visit
 from strawberry.extensions import SchemaExtension
 
 from resolvers.core.context import Context
@@ -79,6 +79,23 @@ def _key(execution_context: Any) -> tuple[str, str] | None:
     return None
 
 
+class _EmptySelections(Visitor):
+    def enter_selection_set(self, node: SelectionSetNode, *_: Any) -> None:
+        if not node.selections:
+            raise GraphQLError(
+                "a selection set must ask for at least one field; `{ }` is empty",
+                nodes=[node],
+                extensions={"code": "BAD_USER_INPUT"},
+            )
+
+
+def refuse_empty_selections(document: DocumentNode) -> None:
+    """graphql-core parses `{ }`, which the grammar does not allow (a selection
+    set holds one selection or more), and the depth limit then fails on it:
+    it is refused as the syntax error it is, before validation."""
+    visit(document, _EmptySelections())
+
+
 class DocumentCache(SchemaExtension):
     """Parse and validation, from `documents` for signed-in requests."""
 
@@ -90,6 +107,7 @@ class DocumentCache(SchemaExtension):
             if found is None:
                 try:
                     document = parse(key[0], **execution_context.parse_options)
+                    refuse_empty_selections(document)
                 except GraphQLError as error:
                     # Raised from a hook, it leaves before the operation has a
                     # result to relabel: it gets its code here.
@@ -101,6 +119,8 @@ class DocumentCache(SchemaExtension):
                 document = found[0]
             execution_context.graphql_document = document
         yield
+        if key is None and execution_context.graphql_document is not None:
+            refuse_empty_selections(execution_context.graphql_document)
 
     def on_validate(self) -> Iterator[None]:
         execution_context = self.execution_context

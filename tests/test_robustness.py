@@ -59,6 +59,11 @@ async def test_bodies_that_are_not_graphql_requests_get_json_errors(live_server:
         # Syntax errors carry the contract's code.
         response = await client.post(url, json={"query": "{ me { "}, headers=headers)
         assert response.json()["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT"
+        # So is an empty selection set (which graphql-core parses), signed in or not.
+        empty = '{ capsule(id: "x") { id content { } } }'
+        for ask in (headers, {"Content-Type": "application/json"}):
+            error = (await client.post(url, json={"query": empty}, headers=ask)).json()["errors"][0]
+            assert error["extensions"]["code"] == "BAD_USER_INPUT" and "empty" in error["message"], error
         healthy = await client.get(f"{live_server.url}/healthz")
         assert healthy.status_code == 200
     no_traceback(live_server)
