@@ -287,6 +287,8 @@ class CostBudget:
     def __init__(self, counter: BudgetCounter, points: int) -> None:
         self.counter = counter
         self.points = points
+        # Deliveries being charged together, by person (`charge_delivery`).
+        self._deliveries: dict[str, _Deliveries] = {}
 
     @property
     def enabled(self) -> bool:
@@ -313,10 +315,58 @@ class CostBudget:
             rateLimit={**BudgetState(self.points, cost, state.used, reset_at).extensions()},
         )
 
+    async def charge_delivery(self, subject: str, cost: int, now: datetime) -> None:
+        """`charge` for one subscription event, together with every other event
+        delivered to `subject` in the same pass of the loop: one event reaches
+        all of a person's subscriptions at once (their devices, their tabs), and
+        one spend for all of them is one write, not one each. They fit together
+        or are refused together."""
+        if not self.enabled:
+            return
+        pending = self._deliveries.get(subject)
+        if pending is None:
+            pending = _Deliveries(asyncio.get_running_loop().create_future(), now)
+            pending.done.add_done_callback(_retrieved)
+            self._deliveries[subject] = pending
+            asyncio.get_running_loop().call_soon(self._spend_deliveries, subject)
+        pending.cost += cost
+        try:
+            await asyncio.shield(pending.done)
+        except Exception as error:
+            # One error for every waiter: each raises it afresh, its traceback not grown by the others.
+            raise error.with_traceback(None) from None
+
+    def _spend_deliveries(self, subject: str) -> None:
+        pending = self._deliveries.pop(subject)
+
+        async def spend() -> None:
+            try:
+                await self.charge(subject, pending.cost, pending.now)
+            except Exception as error:  # RATE_LIMITED, or the store's failure: every waiter's
+                pending.done.set_exception(error)
+            else:
+                pending.done.set_result(None)
+
+        pending.task = asyncio.get_running_loop().create_task(spend())
+
     async def state(self, subject: str, now: datetime) -> BudgetState:
         window = _minute(now.timestamp())
         used = await self.counter.used(subject, window)
         return BudgetState(self.points, 0, used, window + BUDGET_SECONDS)
+
+
+@dataclass
+class _Deliveries:
+    done: asyncio.Future[None]
+    now: datetime
+    cost: int = 0
+    task: asyncio.Task[None] | None = None  # kept: a task nobody holds may be collected
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    # Its waiters may all have gone (their streams closed): nothing to log then.
+    if not future.cancelled():
+        future.exception()
 
 
 def _minute(moment: float) -> int:

@@ -61,7 +61,7 @@ class HeldStream(Generic[T]):
         try:
             event = await anext(self.events)
             rates = self.ctx.services.rates
-            await rates.budget.charge(self.subject, self.cost, self.ctx.services.now())
+            await rates.budget.charge_delivery(self.subject, self.cost, self.ctx.services.now())
         except BaseException:
             await self.aclose()
             raise

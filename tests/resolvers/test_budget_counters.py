@@ -7,12 +7,14 @@ import asyncio
 import socket
 import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from resolvers.adapters.budget import RedisBudgetCounter
-from resolvers.core.ratelimit import BUDGET_SECONDS, BudgetCounter, TableBudgetCounter
+from resolvers.core.errors import RateLimited
+from resolvers.core.ratelimit import BUDGET_SECONDS, BudgetCounter, CostBudget, TableBudgetCounter
 from tests.api.conftest import open_table
 
 WINDOW = 1_800_000_000 // BUDGET_SECONDS * BUDGET_SECONDS
@@ -77,3 +79,32 @@ async def test_with_redis_the_table_counts_nothing(redis_url: str, tmp_path: Pat
             assert await in_table.used("ana", WINDOW) == 0
         finally:
             await in_redis.close()
+
+
+class Counted:
+    """A counter that records each spend it is asked for."""
+
+    def __init__(self, inner: BudgetCounter) -> None:
+        self.inner = inner
+        self.spends: list[int] = []
+
+    async def spend(self, subject: str, window: int, cost: int, limit: int) -> int | None:
+        self.spends.append(cost)
+        return await self.inner.spend(subject, window, cost, limit)
+
+    async def used(self, subject: str, window: int) -> int:
+        return await self.inner.used(subject, window)
+
+
+async def test_one_event_to_a_persons_subscriptions_is_one_spend(counter: BudgetCounter) -> None:
+    counted = Counted(counter)
+    budget = CostBudget(counted, 20)
+    now = datetime.fromtimestamp(WINDOW + 1, UTC)
+    await asyncio.gather(*(budget.charge_delivery("ana", 3, now) for _ in range(5)))
+    assert counted.spends == [15]
+    # The next event does not fit for all five: all five are refused, nothing is spent.
+    refused = await asyncio.gather(
+        *(budget.charge_delivery("ana", 3, now) for _ in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(error, RateLimited) for error in refused)
+    assert await counter.used("ana", WINDOW) == 15
