@@ -80,7 +80,13 @@ def original_key(content: Content) -> str:
 
 async def publish_status(broker: EventBus | None, content: Content) -> None:
     """After the status is committed: best effort (`publish_committed`)."""
-    event = {"kind": "content", "contentId": content.id, "status": content.status}
+    # The id lets the subscribers of one change share its reads (`live.content_status`).
+    event = {
+        "kind": "content",
+        "contentId": content.id,
+        "status": content.status,
+        "eventId": uuid.uuid4().hex,
+    }
     await publish_committed(broker, [(content_channel(content.id), event)])
 
 

@@ -32,7 +32,7 @@ from resolvers.domain.notifications import notification_id
 from store import keys
 from store.enums import NotificationType
 from store.items import Capsule, Content, Notification, iso
-from store.port import Item, Key, SortKey, every_item
+from store.port import Item, Key, SortKey, all_items, every_item
 
 log = logging.getLogger("mifamilias.live")
 
@@ -120,6 +120,8 @@ async def content_status(ctx: Context, content_id: str) -> AsyncIterator[tuple[C
                     event = {}  # events may have been missed: the status as it is now
                 async with _slot(ctx):
                     _refresh(ctx)
+                    if event.get("eventId"):
+                        await _shared_content_reads(ctx, content_id, str(event["eventId"]), viewer)
                     try:
                         content, membership = await content_resolvers.readable_content(ctx, content_id)
                     except NotFound:
@@ -238,6 +240,42 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
         viewer == (shared.content or {}).get("authorId"),
     )
     return Opened(capsule, Notification.from_item(note) if note is not None else None, share)
+
+
+@dataclass(frozen=True)
+class ContentReads:
+    """What deciding on a content's status change reads, once for every subscriber."""
+
+    content: Item
+    family: Item | None
+    members: dict[str, Item]  # the family's memberships, by user id
+
+
+async def _shared_content_reads(ctx: Context, content_id: str, event_id: str, viewer: str) -> None:
+    """Primes the subscriber's loaders with one read of the content, its family
+    and the family's memberships, shared by every subscriber of this change in
+    this process (one change can reach thousands; the family has at most
+    `MAX_MEMBERS`). The one read rule then decides from the cache."""
+
+    async def load() -> ContentReads | None:
+        content = await ctx.table.get(keys.content(content_id))
+        if content is None:
+            return None
+        family_id = str(content["familyId"])
+        family, members = await asyncio.gather(
+            ctx.table.get(keys.family(family_id)),
+            all_items(ctx.table, keys.family_pk(family_id), SortKey.begins_with(keys.MEMBER_PREFIX)),
+        )
+        return ContentReads(content, family, {str(item["userId"]): item for item in members})
+
+    shared = await _event_reads(ctx).read(("content", content_id, event_id), load)
+    if shared is None:
+        return
+    family_id = str(shared.content["familyId"])
+    ctx.loaders.remember(shared.content)
+    ctx.loaders.item.prime(keys.family(family_id), shared.family)
+    # This subscriber's own membership, or its absence: the rule needs either.
+    ctx.loaders.item.prime(keys.member(family_id, viewer), shared.members.get(viewer))
 
 
 # Resuming ---------------------------------------------------------------------

@@ -14,6 +14,8 @@ from typing import Any
 from resolvers.core.context import Context
 from schema import schema
 from schema.multiplex import SHAREABLE, SHARED
+from store import keys
+from store.port import Update
 from tests.api.conftest import Api
 from tests.factories import family_with_members, settle, upload
 from tests.servers import until
@@ -159,3 +161,33 @@ def test_only_listed_fields_are_shared_generated_from_the_schema() -> None:
         type_name, name = entry.split(".")
         listed = core.type_map[type_name]
         assert isinstance(listed, GraphQLObjectType) and name in listed.fields, entry
+
+
+async def test_one_status_change_is_read_once_for_all_its_subscribers(api: Api) -> None:
+    """Each subscriber's answer is still decided by the read rule, on what one
+    shared read of the content, its family and the family's memberships found:
+    the store is read the same number of times for two subscribers as for
+    twelve."""
+    members = ["ben", "cy", "dee"]
+    family_id = await family_with_members(api, "ana", members)
+    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    document = f'subscription {{ contentStatusChanged(contentId: "{content_id}") {{ id status }} }}'
+    view = "mutation($id: ID!) { markContentViewed(contentId: $id) { status } }"
+
+    async def reads_for_one_change(users: list[str]) -> tuple[int, list[str]]:
+        async with contextlib.AsyncExitStack() as stack:
+            streams = [await stack.enter_async_context(stream(api, document, user)) for user in users]
+            for events in streams:  # the status now, first
+                assert (await events.__anext__()).data["contentStatusChanged"]["status"] == "READY"
+            api.table.reset()
+            await api.ok(view, {"id": content_id}, as_="ben")
+            answers = await asyncio.gather(*(events.__anext__() for events in streams))
+            reads = api.table.calls["get"] + api.table.calls["batch_get"] + api.table.calls["query"]
+            return reads, [a.data["contentStatusChanged"]["status"] for a in answers]
+
+    few_reads, few = await reads_for_one_change(["ana", "ben"])
+    await api.table.update(Update(keys.content(content_id), set={"status": "READY"}))
+    many_reads, many = await reads_for_one_change(["ana", *members] * 3)
+    assert few == ["DELIVERED"] * 2 and many == ["DELIVERED"] * 12
+    assert many_reads == few_reads
