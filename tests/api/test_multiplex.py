@@ -17,6 +17,7 @@ from schema.multiplex import SHAREABLE, SHARED
 from store import keys
 from store.port import Update
 from tests.api.conftest import Api
+from tests.counting import CountingTable
 from tests.factories import family_with_members, settle, upload
 from tests.servers import until
 
@@ -175,15 +176,18 @@ async def test_one_status_change_is_read_once_for_all_its_subscribers(api: Api) 
     document = f'subscription {{ contentStatusChanged(contentId: "{content_id}") {{ id status }} }}'
     view = "mutation($id: ID!) { markContentViewed(contentId: $id) { status } }"
 
+    counting = api.table
+    assert isinstance(counting, CountingTable)
+
     async def reads_for_one_change(users: list[str]) -> tuple[int, list[str]]:
         async with contextlib.AsyncExitStack() as stack:
             streams = [await stack.enter_async_context(stream(api, document, user)) for user in users]
             for events in streams:  # the status now, first
                 assert (await events.__anext__()).data["contentStatusChanged"]["status"] == "READY"
-            api.table.reset()
+            counting.reset()
             await api.ok(view, {"id": content_id}, as_="ben")
             answers = await asyncio.gather(*(events.__anext__() for events in streams))
-            reads = api.table.calls["get"] + api.table.calls["batch_get"] + api.table.calls["query"]
+            reads = counting.calls["get"] + counting.calls["batch_get"] + counting.calls["query"]
             return reads, [a.data["contentStatusChanged"]["status"] for a in answers]
 
     few_reads, few = await reads_for_one_change(["ana", "ben"])
