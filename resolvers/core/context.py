@@ -74,7 +74,7 @@ class Context:
     def loaders(self) -> Loaders:
         # Made on first use: an idle subscription holds none.
         if self._loaders is None:
-            self._loaders = Loaders(self.services.table)
+            self._loaders = Loaders(self.services.table, owner=self)
         return self._loaders
 
     def forget_loaders(self) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Protocol, Self, TypeVar
 
 from aiodataloader import DataLoader, Loader, dispatch_queue
 
+from resolvers.core.turns import TURNS
 from store.expressions import apply_update
 from store.port import Index, Item, Key, Page, SortKey, Table, Update
 
@@ -28,8 +29,14 @@ D = TypeVar("D", bound=Decodable)
 
 class LevelLoader(DataLoader[K, V]):
     """A DataLoader that dispatches once a loop iteration passes with no new
-    key. Sibling resolvers resume over several iterations (each finishing its
-    own sub-tree first); waiting for them makes one batch of one level."""
+    key, and none of its operation's work waits for a turn on the loop
+    (`resolvers.core.turns`). Sibling resolvers resume over several
+    iterations (each finishing its own sub-tree first, or waiting its turn
+    behind other operations); waiting for them makes one batch of one level."""
+
+    def __init__(self, *args: Any, owner: object = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.owner = owner
 
     def do_resolve_reject(self, key: K, future: asyncio.Future[V]) -> None:
         self._queue.append(Loader(key=key, future=future))
@@ -40,17 +47,17 @@ class LevelLoader(DataLoader[K, V]):
 
     async def _dispatch_when_settled(self) -> None:
         size = -1
-        while size != len(self._queue):
+        while size != len(self._queue) or (self.owner is not None and TURNS.waiting_for(self.owner)):
             size = len(self._queue)
             await asyncio.sleep(0)
         dispatch_queue(self)
 
 
 class ItemLoader(LevelLoader[Key, Item | None]):
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, owner: object = None) -> None:
         # The loader's cache, ours to look into: asked for, or loaded, in this operation.
         self.cached: dict[Key, asyncio.Future[Item | None]] = {}
-        super().__init__(max_batch_size=100, cache_map=self.cached)
+        super().__init__(max_batch_size=100, cache_map=self.cached, owner=owner)
         self.table = table
 
     async def batch_load_fn(self, keys: Sequence[Key]) -> list[Item | None]:
@@ -73,8 +80,8 @@ class QueryLoader(LevelLoader[QuerySpec, Page]):
     level (say, the members of each of my families) can run together and answer
     together, so the next level's point reads still leave in one batch get."""
 
-    def __init__(self, table: Table) -> None:
-        super().__init__(cache=False)
+    def __init__(self, table: Table, owner: object = None) -> None:
+        super().__init__(cache=False, owner=owner)
         self.table = table
 
     async def batch_load_fn(self, specs: Sequence[QuerySpec]) -> list[Page]:
@@ -91,9 +98,10 @@ class QueryLoader(LevelLoader[QuerySpec, Page]):
 
 
 class Loaders:
-    def __init__(self, table: Table) -> None:
-        self.item = ItemLoader(table)
-        self.query = QueryLoader(table)
+    def __init__(self, table: Table, owner: object = None) -> None:
+        # `owner`: whose turns on the loop the batches wait for (the operation's context).
+        self.item = ItemLoader(table, owner)
+        self.query = QueryLoader(table, owner)
         # Read verdicts of this operation (resolvers.domain.access); whatever changes
         # what was loaded forgets them all, so none outlives what it read.
         self.verdicts: dict[tuple[object, ...], bool] = {}

@@ -48,6 +48,12 @@ class Turns:
         served = len(self._served[1]) if self._served is not None else 0
         return served + sum(len(queue) for queue in self._waiting.values())
 
+    def waiting_for(self, owner: object) -> bool:
+        """Whether some of `owner`'s work waits for a turn (its loaders hold their
+        batch until it has asked what it will: `resolvers.core.loaders`)."""
+        key = id(owner)
+        return key in self._waiting or (self._served is not None and self._served[0] == key)
+
     async def take(self, owner: object) -> None:
         """Returns at once within the slice; past it, after a turn of the loop
         in which whatever else was ready has run. `owner` (an operation's

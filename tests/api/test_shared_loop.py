@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from resolvers.core import turns
-from tests.api.conftest import running_api
+from tests.api.conftest import Api, running_api
+from tests.api.test_round_trips import measure
+from tests.factories import join
 from tests.servers import until
 from tests.typical_calls import JOIN, make_family, settle, upload_text
 
@@ -66,3 +68,18 @@ async def _small_first(api: Any) -> None:
     answers = await asyncio.gather(*building)
     for answer in answers:
         assert [len(answer["family"][f"f{n}"]["edges"]) for n in range(FEEDS)] == [CONTENTS] * FEEDS
+
+
+@pytest.mark.usefixtures("every_piece_waits")
+async def test_taking_turns_keeps_an_operations_batches(api: Api) -> None:
+    """When every piece of an operation waits its turn (as under load), its
+    batches are those `tests/api/test_round_trips.py` counts without turns:
+    a loader's batch does not leave while pieces of its operation still wait."""
+    for n in range(3):
+        family = await make_family(api, "viewer", f"Family {n}")
+        for m in range(3):
+            await join(api, f"f{n}m{m}", family["inviteCode"])
+    query = "{ myFamilies { family { name admin { givenName } members { edges { node { user { givenName } } } } } } }"
+    _, rounds, calls = await measure(api, query, {}, "viewer")
+    assert calls == {"query": 4, "batch_get": 3}
+    assert rounds == 4
