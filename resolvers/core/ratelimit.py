@@ -250,6 +250,8 @@ class TableBudgetCounter:
         self.table = table
 
     async def spend(self, subject: str, window: int, cost: int, limit: int) -> int | None:
+        if cost > limit:
+            return None
         key = keys.rate(subject, "cost")
         add = Update(
             key,
@@ -261,8 +263,6 @@ class TableBudgetCounter:
             set={"window": window, "count": cost, TTL_ATTRIBUTE: window + BUDGET_SECONDS},
             condition=any_of(NotExists(), Compare("window", "<", window)),
         )
-        if cost > limit:
-            return None
         for _ in range(ATTEMPTS):
             for update in (add, start):
                 try:

@@ -172,11 +172,18 @@ async def test_refusals_change_nothing(api: Api) -> None:
     assert code == "FORBIDDEN"  # the creator is not a recipient here
 
 
-async def test_the_upload_of_a_cancelled_capsule_is_deletable_by_its_author(api: Api) -> None:
+async def upload_under_way(api: Api) -> tuple[str, dict[str, Any]]:
+    """A SCHEDULED capsule of ana's for ben, and its content's upload, started
+    and not completed: the capsule's id and `createUpload`'s answer."""
     family_id = await family_with_members(api, "ana", ["ben"])
-    scheduled = await make_capsule(api, "ana", family_id, ["ben"])
-    await api.ok(SCHEDULE, {"id": scheduled}, as_="ana")
-    started = await start_upload(api, "ana", family_id, "TEXT", "text/plain", 4, capsule_id=scheduled)
+    capsule_id = await make_capsule(api, "ana", family_id, ["ben"])
+    await api.ok(SCHEDULE, {"id": capsule_id}, as_="ana")
+    started = await start_upload(api, "ana", family_id, "TEXT", "text/plain", 4, capsule_id=capsule_id)
+    return capsule_id, started
+
+
+async def test_the_upload_of_a_cancelled_capsule_is_deletable_by_its_author(api: Api) -> None:
+    scheduled, started = await upload_under_way(api)
     content_id = started["content"]["id"]
     delete = "mutation($id: ID!) { deleteContent(contentId: $id) }"
     assert (await api.error(delete, {"id": content_id}, as_="ana"))[0] == "CONFLICT"  # still its capsule's
@@ -188,10 +195,7 @@ async def test_the_upload_of_a_cancelled_capsule_is_deletable_by_its_author(api:
 
 async def test_a_cancelled_capsules_abandoned_upload_is_swept(media_api: Api) -> None:
     api = media_api
-    family_id = await family_with_members(api, "ana", ["ben"])
-    capsule_id = await make_capsule(api, "ana", family_id, ["ben"])
-    await api.ok(SCHEDULE, {"id": capsule_id}, as_="ana")
-    started = await start_upload(api, "ana", family_id, "TEXT", "text/plain", 4, capsule_id=capsule_id)
+    capsule_id, started = await upload_under_way(api)
     content_id = started["content"]["id"]
     # The bytes arrive, but nobody completes the upload before the capsule goes.
     assert await put_bytes(api, started["uploadUrl"], b"hola", "text/plain") == 200
@@ -211,10 +215,7 @@ async def test_a_cancelled_capsules_abandoned_upload_is_swept(media_api: Api) ->
 
 
 async def test_a_cancelled_capsules_finished_upload_is_not_swept(api: Api) -> None:
-    family_id = await family_with_members(api, "ana", ["ben"])
-    capsule_id = await make_capsule(api, "ana", family_id, ["ben"])
-    await api.ok(SCHEDULE, {"id": capsule_id}, as_="ana")
-    started = await start_upload(api, "ana", family_id, "TEXT", "text/plain", 4, capsule_id=capsule_id)
+    capsule_id, started = await upload_under_way(api)
     content_id = started["content"]["id"]
     await api.ok(CANCEL, {"id": capsule_id}, as_="ana")
     # Its upload finishes after all (the condition the sweep deletes on stops holding).

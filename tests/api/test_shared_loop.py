@@ -15,9 +15,8 @@ from typing import Any
 import pytest
 
 from resolvers.core import turns
+from tests.api import test_round_trips as round_trips
 from tests.api.conftest import Api, running_api
-from tests.api.test_round_trips import measure
-from tests.factories import join
 from tests.servers import until
 from tests.typical_calls import JOIN, make_family, settle, upload_text
 
@@ -75,11 +74,4 @@ async def test_taking_turns_keeps_an_operations_batches(api: Api) -> None:
     """When every piece of an operation waits its turn (as under load), its
     batches are those `tests/api/test_round_trips.py` counts without turns:
     a loader's batch does not leave while pieces of its operation still wait."""
-    for n in range(3):
-        family = await make_family(api, "viewer", f"Family {n}")
-        for m in range(3):
-            await join(api, f"f{n}m{m}", family["inviteCode"])
-    query = "{ myFamilies { family { name admin { givenName } members { edges { node { user { givenName } } } } } } }"
-    _, rounds, calls = await measure(api, query, {}, "viewer")
-    assert calls == {"query": 4, "batch_get": 3}
-    assert rounds == 4
+    await round_trips.test_my_families_is_one_store_call_per_level(api)
