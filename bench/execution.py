@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import inspect
 from typing import Any
 
@@ -199,16 +200,22 @@ async def run(services: Services, family_id: str, rounds: int, iterations: int) 
         for way in ways.values():
             await way()
 
+    # The machine's speed drifts by tens of percent within a second (other
+    # tenants of the VM), so the ways alternate execution by execution, and
+    # each round's ratio compares executions run side by side.
     samples: dict[str, list[float]] = {name: [] for name in ways}
     order = list(ways)
     for r in range(rounds):
-        rotated = order[r % 3 :] + order[: r % 3]  # interleaved, a different order each round
-        for name in rotated:
-            way = ways[name]
-            start = now()
-            for _ in range(iterations):
-                await way()
-            samples[name].append((now() - start) / iterations)
+        rotated = order[r % 3 :] + order[: r % 3]  # a different order each round
+        spent = dict.fromkeys(ways, 0.0)
+        gc.collect()  # each round starts from a collected heap
+        for _ in range(iterations):
+            for name in rotated:
+                start = now()
+                await ways[name]()
+                spent[name] += now() - start
+        for name in ways:
+            samples[name].append(spent[name] / iterations)
 
     rows = []
     for name in ways:

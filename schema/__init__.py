@@ -72,12 +72,16 @@ def _deadline(context: object) -> float | None:
     return context.services.settings.operation_deadline_seconds or None
 
 
+@functools.lru_cache(maxsize=256)
 def _writes(query: str | None, operation_name: str | None) -> bool:
-    """Whether the operation a document names is a mutation (parsed again on
-    the deadline's path only)."""
+    """Whether the operation a document names is a mutation. A mutation is
+    named by its keyword, so a document without it is not parsed again; the
+    others are parsed once per 256 documents (the parser cache's bound)."""
     from graphql import OperationType, parse
     from graphql.utilities import get_operation_ast
 
+    if "mutation" not in (query or ""):
+        return False
     try:
         operation = get_operation_ast(parse(query or "", no_location=True), operation_name)
     except GraphQLError:

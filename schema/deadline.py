@@ -2,7 +2,7 @@
 
 `asyncio.timeout` cancels an operation at its next await; a timer cannot fire
 while resolving keeps the loop busy, and completing a large answer can run
-long between two awaits. So execution reads the clock before each field: past
+long between two awaits. So execution reads the clock before each object: past
 the deadline, `DeadlinePassed` unwinds the operation from wherever it is.
 
 It derives from BaseException on purpose: graphql-core turns every Exception a
@@ -17,13 +17,15 @@ so a large answer is built a piece at a time between other work.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
 from resolvers.core.turns import TURNS
 from schema.multiplex import MultiplexingExecutionContext
+
+T = TypeVar("T")
 
 # The monotonic time past which the running operation's fields stop, if any.
 _deadline: ContextVar[float | None] = ContextVar("operation_deadline", default=None)
@@ -44,31 +46,26 @@ def running_within(seconds: float) -> Iterator[None]:
 
 
 class StoppingExecutionContext(MultiplexingExecutionContext):
-    """Reads the deadline once, then the clock before each field."""
+    """Reads the deadline once, then the clock before each object's fields
+    (an object's scalars cost little; objects are where the work is)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.stop_at = _deadline.get()
 
-    def execute_field(self, *args: Any, **kwargs: Any) -> Any:
+    def complete_object_value(self, *args: Any, **kwargs: Any) -> Any:
         if self.stop_at is not None and time.monotonic() > self.stop_at:
             raise DeadlinePassed
-        return super().execute_field(*args, **kwargs)
+        return super().complete_object_value(*args, **kwargs)
 
-    def complete_awaitable_value(
-        self,
-        return_type: Any,
-        field_details_list: Any,
-        info: Any,
-        path: Any,
-        result: Any,
-        position_context: Any,
-    ) -> Any:
-        return super().complete_awaitable_value(
-            return_type, field_details_list, info, path, self._then_a_turn(result), position_context
-        )
-
-    async def _then_a_turn(self, result: Any) -> Any:
-        value = await result
-        await TURNS.take(self.context_value)
+    async def with_abort_signal(self, awaitable: Awaitable[T]) -> T:
+        # graphql-core awaits every awaited value (a field's, a list item's)
+        # through this coroutine already: the turn is taken inside it, so it
+        # costs no coroutine of its own.
+        if self.abort_signal is not None:
+            return await super().with_abort_signal(awaitable)
+        value = await awaitable
+        turn = TURNS.due(self.context_value)
+        if turn is not None:
+            await turn
         return value

@@ -1,5 +1,6 @@
 """Turns on the event loop: within a slice work goes on, past it whatever else
-is ready runs first, and turns go round between owners."""
+is ready runs first, turns go round between owners, and a pass gives as
+many turns as the last pass left time for."""
 
 from __future__ import annotations
 
@@ -86,3 +87,38 @@ async def test_a_cancelled_wait_gives_its_turn_to_the_next() -> None:
     await asyncio.gather(going, stopped, return_exceptions=True)
     assert order == ["going"]
     assert turns.waiting == 0
+
+
+async def passes_of(turns: Turns, pieces: int) -> list[int]:
+    """How many pieces of one operation ran in each pass of the loop, when all
+    of them asked for a turn past the slice."""
+    loop = asyncio.get_running_loop()
+    passes = 0
+    ran: list[int] = []
+
+    def tick() -> None:
+        nonlocal passes
+        passes += 1
+        if len(ran) < pieces:
+            loop.call_soon(tick)
+
+    async def piece() -> None:
+        await turns.take("big")
+        ran.append(passes)
+
+    loop.call_soon(tick)
+    await asyncio.gather(*(piece() for _ in range(pieces)))
+    return [ran.count(n) for n in sorted(set(ran))]
+
+
+async def test_a_pass_well_inside_the_slice_gives_twice_the_turns_next() -> None:
+    clock = Clock()  # the pieces take no time at all
+    turns = Turns(slice_seconds=1.0, idle_seconds=1e9, clock=clock)
+    assert await passes_of(turns, 7) == [1, 2, 4]
+    assert turns.waiting == 0
+
+
+async def test_passes_past_the_slice_give_one_turn_each() -> None:
+    clock = Clock(step=2.0)  # every reading is a slice and more later
+    turns = Turns(slice_seconds=1.0, idle_seconds=1e9, clock=clock)
+    assert await passes_of(turns, 4) == [1, 1, 1, 1]
