@@ -55,6 +55,20 @@ CREATE INDEX IF NOT EXISTS gsi1 ON items (gsi1pk, gsi1sk, pk, sk) WHERE gsi1pk I
 CREATE INDEX IF NOT EXISTS gsi2 ON items (gsi2pk, gsi2sk, pk, sk) WHERE gsi2pk IS NOT NULL;
 """
 
+
+def _above_prefix(prefix: str) -> str | None:
+    """The least string above every string that starts with `prefix`, in
+    SQLite's byte order (UTF-8's is the code points'), or None where there is
+    no such string to write (an empty prefix, or one ending where the next
+    code point is not one)."""
+    if not prefix:
+        return None
+    following = ord(prefix[-1]) + 1
+    if following > 0x10FFFF or 0xD800 <= following <= 0xDFFF:
+        return None
+    return prefix[:-1] + chr(following)
+
+
 _COLUMNS: dict[str, tuple[str, str]] = {
     "table": ("pk", "sk"),
     "GSI1": ("gsi1pk", "gsi1sk"),
@@ -116,8 +130,12 @@ class SqliteTable:
             chunk = unique[start : start + 400]
             placeholders = ",".join("(?, ?)" for _ in chunk)
             params = [part for key in chunk for part in key]
+            # A join from the wanted keys, so each is a search of the primary
+            # key: `(pk, sk) IN (VALUES ...)` scans the whole table instead.
             rows = self._db.execute(
-                f"SELECT pk, sk, body FROM items WHERE (pk, sk) IN (VALUES {placeholders})", params
+                f"SELECT items.pk, items.sk, items.body FROM (VALUES {placeholders}) AS wanted"
+                " CROSS JOIN items ON items.pk = wanted.column1 AND items.sk = wanted.column2",
+                params,
             ).fetchall()
             for pk, sk, body in rows:
                 found[(pk, sk)] = orjson.loads(body)
@@ -142,6 +160,13 @@ class SqliteTable:
         params: list[Any] = [pk]
         if sk is not None:
             if sk.op == "begins_with":
+                # Bounds the index can seek between, then the prefix itself.
+                where.append(f"{sk_col} >= ?")
+                params.append(sk.value)
+                above = _above_prefix(sk.value)
+                if above is not None:
+                    where.append(f"{sk_col} < ?")
+                    params.append(above)
                 where.append(f"substr({sk_col}, 1, ?) = ?")
                 params += [len(sk.value), sk.value]
             elif sk.op == "between":
