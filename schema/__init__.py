@@ -28,6 +28,7 @@ from schema.deadline import DeadlinePassed, StoppingExecutionContext, running_wi
 from schema.documents import DocumentCache
 from schema.errors import ContractErrors
 from schema.guard import SignedIn
+from schema.hooks import HooksFoundOnce
 from schema.mutation import Mutation
 from schema.observability import OperationLog, OperationMetrics, Tracing
 from schema.persisted import IntrospectionGate, RegisterPersisted
@@ -240,6 +241,9 @@ class MiFamiliasSchema(strawberry.Schema):
         writes = _writes(query, kwargs.get("operation_name"))
         request = (query, kwargs.get("operation_name"), kwargs.get("variable_values"))
         return _within(results, deadline, context, writes=writes, request=request)
+
+    def create_extensions_runner(self, execution_context: Any, extensions: Any) -> Any:
+        return HooksFoundOnce(execution_context=execution_context, extensions=extensions)
 
     def process_errors(self, errors: Any, execution_context: Any = None) -> None:
         # ContractErrors logs what is unexpected, with the request id; the
