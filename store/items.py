@@ -7,6 +7,7 @@ time order in sort keys.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -404,6 +405,15 @@ class Capsule(Record):
     @property
     def key(self) -> Key:
         return keys.capsule(self.id)
+
+    @functools.cached_property
+    def _recipients(self) -> frozenset[str]:
+        return frozenset(self.recipient_ids)
+
+    def receives(self, person: str) -> bool:
+        """Whether `person` is among the recipients: a set made once per record,
+        as one record is asked for each of up to a thousand subscribers."""
+        return person in self._recipients
 
     def index_keys(self, shards: int = 0) -> Item:
         gsi1pk, gsi1sk = keys.capsule_gsi1(self.creator_id, self.created_at, self.id)

@@ -145,7 +145,7 @@ def capsule_role_allows(capsule: Capsule, viewer: str) -> bool:
     """The capsule's own part of the rule; the family part comes on top."""
     if capsule.creator_id == viewer:
         return True
-    return viewer in capsule.recipient_ids and capsule.status in VISIBLE_TO_RECIPIENTS
+    return capsule.receives(viewer) and capsule.status in VISIBLE_TO_RECIPIENTS
 
 
 def capsule_readable(capsule: Capsule, viewer: str, membership: Membership | None) -> bool:

@@ -140,6 +140,9 @@ async def content_status(ctx: Context, content_id: str) -> AsyncIterator[tuple[C
 @dataclass(frozen=True)
 class UnlockedReads:
     capsule: Item
+    # Decoded once for every subscriber: a capsule for a whole family carries
+    # a thousand recipients, and records are immutable.
+    record: Capsule
     content: Item | None
     members: dict[str, Item]  # membership items by user id
     notes: dict[str, Item]  # each person's CAPSULE_UNLOCKED notification, by user id
@@ -213,12 +216,12 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
         content = found.pop(keys.content(capsule["contentId"]), None) if capsule.get("contentId") else None
         members = {item["userId"]: item for item in found.values() if item.get("type") == "Membership"}
         notes = {item["userId"]: item for item in found.values() if item.get("type") == "Notification"}
-        return UnlockedReads(capsule, content, members, notes)
+        return UnlockedReads(capsule, Capsule.from_item(capsule), content, members, notes)
 
     shared = await _event_reads(ctx).read(("capsule", capsule_id, unlocked_at), load)
     if shared is None:
         return None
-    capsule = Capsule.from_item(shared.capsule)
+    capsule = shared.record
     # The payload's fields read what was shared: the capsule, its content, and
     # this subscriber's own membership (or its absence, which the rule needs too).
     for item in (shared.capsule, shared.content):
@@ -236,7 +239,7 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
         unlocked_at,
         member.get("role") if member else None,
         viewer == capsule.creator_id,
-        viewer in capsule.recipient_ids,
+        capsule.receives(viewer),
         viewer == (shared.content or {}).get("authorId"),
     )
     return Opened(capsule, Notification.from_item(note) if note is not None else None, share)
