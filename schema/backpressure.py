@@ -96,7 +96,10 @@ class QueuedSocket(AsyncWebSocketAdapter):
         self._abort = abort
         self._let_go_hook = let_go
         self._drop_operations = drop_operations
-        self._queue: asyncio.Queue[Mapping[str, object]] = asyncio.Queue(frames)
+        # Made for a burst of frames and dropped with its writer once they are
+        # out: an idle socket (most of them, for hours) holds neither.
+        self._queue: asyncio.Queue[Mapping[str, object]] | None = None
+        self._frames = frames
         self._slow_seconds = slow_seconds
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
@@ -110,17 +113,23 @@ class QueuedSocket(AsyncWebSocketAdapter):
         # nobody to go to, and its operation is being stopped.
         if self._closed:
             return
+        if self._queue is None:
+            self._queue = asyncio.Queue(self._frames)
         try:
             self._queue.put_nowait(message)
         except asyncio.QueueFull:
             self._give_up("queue_full")
             return
         if self._writer is None:
-            self._writer = asyncio.create_task(self._write())
+            self._writer = asyncio.create_task(self._write(self._queue))
 
-    async def _write(self) -> None:
+    async def _write(self, queue: asyncio.Queue[Mapping[str, object]]) -> None:
         while True:
-            message = await self._queue.get()
+            if queue.empty():
+                # Everything queued is out: the next frame starts another writer.
+                self._queue = self._writer = None
+                return
+            message = queue.get_nowait()
             try:
                 async with asyncio.timeout(self._slow_seconds):
                     await self.inner.send_json(message)
@@ -131,14 +140,14 @@ class QueuedSocket(AsyncWebSocketAdapter):
                 self._closed = True
                 return
             finally:
-                self._queue.task_done()
+                queue.task_done()
 
     async def close(self, code: int, reason: str) -> None:
         """Closes after the frames queued before the close have gone out (a
         refusal's message, then its close)."""
         if self._closed:
             return
-        if self._writer is not None:
+        if self._writer is not None and self._queue is not None:
             try:
                 async with asyncio.timeout(self._slow_seconds):
                     await self._queue.join()
@@ -169,9 +178,7 @@ class QueuedSocket(AsyncWebSocketAdapter):
         self._closed = self.let_go = True
         self._let_go_hook(why)
         self._stop_writer()
-        while not self._queue.empty():
-            self._queue.get_nowait()
-            self._queue.task_done()
+        self._queue = None  # what it held goes nowhere now
         task = asyncio.create_task(self._close_slow())
         _closing.add(task)
         task.add_done_callback(_closing.discard)

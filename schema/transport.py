@@ -196,13 +196,29 @@ def limited(receive: Receive, limit: int) -> Receive:
 # WebSockets --------------------------------------------------------------------------
 
 
-async def _close_when_expired(context: Context, close: Callable[[], Awaitable[None]]) -> None:
-    """Sleeps until the connection's token expires, then closes the socket."""
+# Work a connection's timer started (a ping, the close of an expired token),
+# kept until it is done so that it is not collected mid-way.
+_timed: set[asyncio.Future[None]] = set()
+
+
+def _after(seconds: float, work: Callable[[], Awaitable[None]]) -> asyncio.TimerHandle:
+    """`work` in a task of its own after `seconds`: a connection idle for
+    hours holds a timer (a few hundred bytes), not a sleeping task."""
+
+    def start() -> None:
+        task = asyncio.ensure_future(work())
+        _timed.add(task)
+        task.add_done_callback(_timed.discard)
+
+    return asyncio.get_running_loop().call_later(seconds, start)
+
+
+def _close_when_expired(context: Context, close: Callable[[], Awaitable[None]]) -> asyncio.TimerHandle | None:
+    """Closes the socket once the connection's token expires."""
     expires_at = context.claims.expires_at if context.claims else None
     if expires_at is None:
-        return
-    await asyncio.sleep(max(0.0, expires_at - time.time()))
-    await close()
+        return None
+    return _after(max(0.0, expires_at - time.time()), close)
 
 
 def _well_formed(message: object) -> bool:
@@ -254,7 +270,7 @@ class _Guarded:
     websocket: Any
     view: Any
     connection_acknowledged: bool
-    expiry: asyncio.Task[None] | None = None
+    expiry: asyncio.TimerHandle | None = None
     protocol: str = ""
 
     async def _refuse(self, reason: str) -> None:
@@ -364,7 +380,7 @@ class _Guarded:
                 return
         await super().handle_connection_init(message)  # type: ignore[misc]
         if self.connection_acknowledged and self.expiry is None:
-            self.expiry = asyncio.create_task(_close_when_expired(self.context, self._expire))
+            self.expiry = _close_when_expired(self.context, self._expire)
 
     async def _expired(self) -> bool:
         if self.connection_acknowledged and self.context.signed_in_error() is not None:
@@ -382,7 +398,7 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
     4403 and the reason; the server sends a `ping` every keep-alive interval."""
 
     protocol = GRAPHQL_TRANSPORT_WS_PROTOCOL
-    pinger: asyncio.Task[None] | None = None
+    pinger: asyncio.TimerHandle | None = None
 
     def _may_sign_in(self, message: Any) -> bool:
         return (
@@ -397,15 +413,21 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
     async def handle_connection_init(self, message: Any) -> None:
         await super().handle_connection_init(message)
         if self.connection_acknowledged and self.pinger is None:
-            self.pinger = asyncio.create_task(self._ping(float(self.view.keep_alive_interval or 12)))
+            self._ping_every(float(self.view.keep_alive_interval or 12))
 
-    async def _ping(self, interval: float) -> None:
+    def _ping_every(self, interval: float) -> None:
         """Strawberry answers pings but sends none; proxies close sockets that
         stay silent, so the server speaks first."""
-        with contextlib.suppress(Exception):  # the socket went away: nothing to keep alive
-            while True:
-                await asyncio.sleep(interval)
+
+        async def ping() -> None:
+            try:
                 await self.send_message({"type": "ping"})
+            except Exception:
+                return  # the socket went away: nothing to keep alive
+            if self.pinger is not None:  # not shut down meanwhile
+                self.pinger = _after(interval, ping)
+
+        self.pinger = _after(interval, ping)
 
     async def _refuse_operation(self, operation_id: str, error: dict[str, Any]) -> None:
         message: Any = {"id": operation_id, "type": "error", "payload": [error]}
@@ -428,8 +450,9 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
 
     async def shutdown(self) -> None:
         self._stop_watching()
-        if self.pinger is not None:
-            self.pinger.cancel()
+        pinger, self.pinger = self.pinger, None
+        if pinger is not None:
+            pinger.cancel()
         await super().shutdown()
 
 

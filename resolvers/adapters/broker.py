@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol
 
@@ -73,7 +73,7 @@ class _Fanout:
     def __init__(self, metrics: Metrics | None = None, heap: SubscriptionHeap | None = None) -> None:
         self.metrics = metrics or Metrics.disabled()
         self.heap = heap or SubscriptionHeap(enabled=False)
-        self.queues: defaultdict[str, set[asyncio.Queue[Event]]] = defaultdict(set)
+        self.queues: defaultdict[str, set[Inbox]] = defaultdict(set)
         # The delivery still running on each channel: the next waits for it, so
         # every subscriber sees a channel's events in the order they came.
         self._tails: dict[str, asyncio.Task[None]] = {}
@@ -115,7 +115,7 @@ class _Fanout:
                     # A subscriber this far behind is stuck; its stream ends at its
                     # next read (it resumes with `after`), and memory stays bounded.
                     dropped += 1
-                    if isinstance(queue, Inbox) and not queue.fell_behind:
+                    if not queue.fell_behind:
                         queue.fell_behind = True
                         self.metrics.slow_client_closed("stream", "queue_full")
                         log.warning(
@@ -133,7 +133,7 @@ class _Fanout:
             self.deliver_soon(channel, RESYNC)
 
     @contextlib.asynccontextmanager
-    async def listen(self, channel: str) -> AsyncIterator[asyncio.Queue[Event]]:
+    async def listen(self, channel: str) -> AsyncIterator[Inbox]:
         queue = Inbox(QUEUE_LIMIT)
         self.queues[channel].add(queue)
         self.heap.started()
@@ -148,15 +148,47 @@ class _Fanout:
                     del self.queues[channel]
 
 
-class Inbox(asyncio.Queue[Event]):
-    """One subscriber's events, bounded; `fell_behind` once one did not fit."""
+class Inbox:
+    """One subscriber's events, bounded; `fell_behind` once one did not fit.
 
-    fell_behind = False
+    Thousands of subscribers sit idle for hours, each with an inbox: an
+    asyncio.Queue holds four deques (about 3 KB) from its start, this holds
+    its events only while it has some, and a future only while it waits."""
+
+    __slots__ = ("_events", "_waiter", "fell_behind", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.fell_behind = False
+        self._events: deque[Event] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, event: Event) -> None:
+        """Raises asyncio.QueueFull when `limit` events wait already."""
+        if self._events is None:
+            self._events = deque()
+        elif len(self._events) >= self.limit:
+            raise asyncio.QueueFull
+        self._events.append(event)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self) -> Event:
+        while not self._events:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        event = self._events.popleft()
+        if not self._events:
+            self._events = None
+        return event
 
 
-async def _drain(queue: asyncio.Queue[Event]) -> AsyncIterator[Event]:
+async def _drain(queue: Inbox) -> AsyncIterator[Event]:
     while True:
-        if isinstance(queue, Inbox) and queue.fell_behind:
+        if queue.fell_behind:
             # What it holds is stale by now: the client reads on from its last event.
             raise Unavailable(
                 f"this stream fell more than {QUEUE_LIMIT} events behind and was ended: "
