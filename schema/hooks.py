@@ -3,7 +3,8 @@
 For every operation, Strawberry looks each extension's hooks up again: for
 each extension and each phase (operation, parsing, validation, execution) it
 inspects the method and wraps it in a new context-manager function, about
-fifty times a request with our extensions. What hooks a class has does not
+fifty times a request with our extensions, and again for every event a
+subscription delivers. What hooks a class has does not
 change, so the wrapping is done once per class and phase here, and which of
 an operation's extensions have each hook once per list of their classes;
 each operation binds the hooks to its own extension instances, and they run
@@ -25,10 +26,12 @@ from strawberry.extensions.context import (
     ExtensionContextManagerBase,
     OperationContextManager,
     ParsingContextManager,
+    StreamResultContextManager,
     ValidationContextManager,
     WrappedHook,
 )
 from strawberry.extensions.runner import SchemaExtensionsRunner
+from strawberry.types import StreamExecutionResult
 
 # (class, hook name) -> (a function making the hook's context manager from an
 # instance, whether it is async), or None where the class has no such hook.
@@ -46,18 +49,20 @@ def _make(cls: type, name: str) -> _Made:
         return contextlib.asynccontextmanager(hook), True
     if not callable(hook):
         raise ValueError(f"Hook {name} on {cls} must be callable, received {hook!r}")
+    # A plain function is run on entering; a stream's result hook is given
+    # the result too (`*result`), as Strawberry gives it.
     if inspect.iscoroutinefunction(hook):
 
         @contextlib.asynccontextmanager
-        async def awaited(extension: SchemaExtension) -> AsyncIterator[None]:
-            await hook(extension)
+        async def awaited(extension: SchemaExtension, *result: Any) -> AsyncIterator[None]:
+            await hook(extension, *result)
             yield
 
         return awaited, True
 
     @contextlib.contextmanager
-    def called(extension: SchemaExtension) -> Iterator[None]:
-        hook(extension)
+    def called(extension: SchemaExtension, *result: Any) -> Iterator[None]:
+        hook(extension, *result)
         yield
 
     return called, False
@@ -134,9 +139,19 @@ class _Executing(_FoundOnce, ExecutingContextManager):
     pass
 
 
+class _StreamResult(_FoundOnce, StreamResultContextManager):
+    # Every event of every subscription passes here: a thousand subscribers
+    # of one event looked every extension's hook up a thousand times.
+    def __init__(self, extensions: list[SchemaExtension], result: StreamExecutionResult) -> None:
+        self.result = result
+        _FoundOnce.__init__(self, extensions)
+
+
 class HooksFoundOnce(SchemaExtensionsRunner):
-    """Strawberry's runner, with the four phases' hooks found once per class
-    (a stream's results keep Strawberry's own lookup)."""
+    """Strawberry's runner, with each phase's hooks found once per class."""
+
+    def on_stream_result(self, result: StreamExecutionResult) -> StreamResultContextManager:
+        return _StreamResult(self.extensions, result)
 
     def operation(self) -> OperationContextManager:
         return _Operation(self.extensions)
