@@ -73,18 +73,26 @@ def _deadline(context: object) -> float | None:
     return context.services.settings.operation_deadline_seconds or None
 
 
-@functools.lru_cache(maxsize=256)
-def _writes(query: str | None, operation_name: str | None) -> bool:
+def _writes(query: object, operation_name: object) -> bool:
     """Whether the operation a document names is a mutation. A mutation is
     named by its keyword, so a document without it is not parsed again; the
-    others are parsed once per 256 documents (the parser cache's bound)."""
+    others are parsed once per 256 documents (the parser cache's bound). What
+    a client sent is not trusted to be a string here: the schema refuses a
+    wrong `operationName` with its own error."""
+    if not isinstance(query, str) or "mutation" not in query:
+        return False
+    if operation_name is not None and not isinstance(operation_name, str):
+        return False
+    return _names_mutation(query, operation_name)
+
+
+@functools.lru_cache(maxsize=256)
+def _names_mutation(query: str, operation_name: str | None) -> bool:
     from graphql import OperationType, parse
     from graphql.utilities import get_operation_ast
 
-    if "mutation" not in (query or ""):
-        return False
     try:
-        operation = get_operation_ast(parse(query or "", no_location=True), operation_name)
+        operation = get_operation_ast(parse(query, no_location=True), operation_name)
     except GraphQLError:
         return False
     return operation is not None and operation.operation == OperationType.MUTATION
