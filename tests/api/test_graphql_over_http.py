@@ -107,3 +107,11 @@ async def test_a_refusal_of_the_transport_takes_the_media_type_too(api: Api) -> 
     )
     assert response.status_code == 400 and response.headers["content-type"] == GRAPHQL_RESPONSE
     assert "data" not in response.json()
+
+
+@pytest.mark.parametrize("name", [{"an": "object"}, ["a", "list"], 7], ids=["object", "list", "number"])
+async def test_an_operation_name_that_is_not_a_string_is_a_request_error(api: Api, name: object) -> None:
+    for query in ("{ me { id } }", "mutation { completeOnboarding { id } }"):
+        response = await send(api, {"query": query, "operationName": name}, GRAPHQL_RESPONSE)
+        assert response.status_code == 400, response.text
+        assert "data" not in response.json()
