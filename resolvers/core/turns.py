@@ -6,9 +6,8 @@ of completion (a page of a hundred objects each) become ready together, and a
 health check or another family's small query waits for all of them: seconds,
 not milliseconds. Work that has had its slice (`SLICE_SECONDS` of loop time,
 shared by everything in the process) waits here for a turn. Turns are given
-one per pass of the loop, round-robin between owners (an operation each), so
-a small query waits for one piece of each busy operation at most, never for
-their whole answers.
+round-robin between owners (an operation each), so a small query waits for a
+few pieces of each busy operation at most, never for their whole answers.
 
 A pass that gives one turn and runs one small piece is mostly the loop's own
 overhead, so the number of turns a pass gives follows what the last pass took:
