@@ -31,6 +31,7 @@ from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocketDisconnect
 from strawberry.http.async_base_view import AsyncWebSocketAdapter
 from strawberry.http.exceptions import WebSocketDisconnected
 
@@ -98,7 +99,7 @@ class QueuedSocket(AsyncWebSocketAdapter):
         self._drop_operations = drop_operations
         # Made for a burst of frames and dropped with its writer once they are
         # out: an idle socket (most of them, for hours) holds neither.
-        self._queue: asyncio.Queue[Mapping[str, object]] | None = None
+        self._queue: asyncio.Queue[Mapping[str, object] | str] | None = None
         self._frames = frames
         self._slow_seconds = slow_seconds
         self._writer: asyncio.Task[None] | None = None
@@ -109,6 +110,10 @@ class QueuedSocket(AsyncWebSocketAdapter):
         return self.inner.iter_json(ignore_parsing_errors=ignore_parsing_errors)
 
     async def send_json(self, message: Mapping[str, object]) -> None:
+        self.send_frame(message)
+
+    def send_frame(self, message: Mapping[str, object] | str) -> None:
+        """Queues a message, or a text frame already encoded (`schema.frames`)."""
         # Never raises: an operation's frame to a closed or let-go socket has
         # nobody to go to, and its operation is being stopped.
         if self._closed:
@@ -123,7 +128,7 @@ class QueuedSocket(AsyncWebSocketAdapter):
         if self._writer is None:
             self._writer = asyncio.create_task(self._write(self._queue))
 
-    async def _write(self, queue: asyncio.Queue[Mapping[str, object]]) -> None:
+    async def _write(self, queue: asyncio.Queue[Mapping[str, object] | str]) -> None:
         while True:
             if queue.empty():
                 # Everything queued is out: the next frame starts another writer.
@@ -132,7 +137,10 @@ class QueuedSocket(AsyncWebSocketAdapter):
             message = queue.get_nowait()
             try:
                 async with asyncio.timeout(self._slow_seconds):
-                    await self.inner.send_json(message)
+                    if isinstance(message, str):
+                        await self._send_text(message)
+                    else:
+                        await self.inner.send_json(message)
             except TimeoutError:
                 self._give_up("stalled")
                 return
@@ -141,6 +149,12 @@ class QueuedSocket(AsyncWebSocketAdapter):
                 return
             finally:
                 queue.task_done()
+
+    async def _send_text(self, frame: str) -> None:
+        try:
+            await self.inner.ws.send_text(frame)  # type: ignore[attr-defined]
+        except WebSocketDisconnect as error:
+            raise WebSocketDisconnected from error
 
     async def close(self, code: int, reason: str) -> None:
         """Closes after the frames queued before the close have gone out (a

@@ -25,6 +25,7 @@ document run per subscriber, as before. The one per-viewer field allowed is
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Hashable
@@ -146,43 +147,108 @@ def _only_shareable(
     return True
 
 
+_Entry = tuple[float, "asyncio.Future[ExecutionResult | None]", bool]
+
+
 class SharedResults:
     """Results being (or just) executed, by what makes them the same. An entry
-    lives for the event's delivery: a few seconds."""
+    lives for the event's delivery: a few seconds.
+
+    A subscriber whose frames are encoded once per class (`schema.frames`)
+    may *lead* a class before its execution starts: its fellows then wait for
+    the result it will run, instead of each finding nothing yet and running
+    the same execution. A lead that runs nothing (its stream ended first) is
+    let go, and its fellows execute as they would have."""
 
     TTL_SECONDS = 5.0
 
     def __init__(self) -> None:
-        self._results: dict[Hashable, tuple[float, asyncio.Future[ExecutionResult]]] = {}
+        # key -> (expires at, the result, whether an execution was started for it)
+        self._results: dict[Hashable, _Entry] = {}
         self.executions = 0  # how many events were executed here (tests read it)
 
-    def result(
-        self, key: Hashable, run: Callable[[], Awaitable[ExecutionResult] | ExecutionResult]
-    ) -> asyncio.Future[ExecutionResult]:
-        """The shared result for `key`, running `run` only if nobody has."""
-        now = time.monotonic()
+    def _found(self, key: Hashable, now: float) -> _Entry | None:
         if len(self._results) > 1000:
             self._results = {k: v for k, v in self._results.items() if v[0] > now}
         found = self._results.get(key)
-        if found is not None and found[0] > now:
+        return found if found is not None and found[0] > now else None
+
+    def result(
+        self, key: Hashable, run: Callable[[], Awaitable[ExecutionResult] | ExecutionResult]
+    ) -> asyncio.Future[ExecutionResult | None]:
+        """The shared result for `key`, running `run` only if nobody has."""
+        now = time.monotonic()
+        found = self._found(key, now)
+        if found is not None and found[2]:
             return found[1]
         self.executions += 1
         outcome = run()
-        future: asyncio.Future[ExecutionResult]
-        if isinstance(outcome, ExecutionResult):
+        future: asyncio.Future[ExecutionResult | None]
+        if found is not None:  # led: the fellows wait on this future
+            future = found[1]
+            if isinstance(outcome, ExecutionResult):
+                future.set_result(outcome)
+            else:
+                task = asyncio.ensure_future(outcome)
+                _running.add(task)  # held until done: the loop keeps only a weak reference
+                task.add_done_callback(_running.discard)
+                task.add_done_callback(functools.partial(_settle, future))
+        elif isinstance(outcome, ExecutionResult):
             future = asyncio.get_running_loop().create_future()
             future.set_result(outcome)
         else:
             future = asyncio.ensure_future(outcome)
-        self._results[key] = (now + self.TTL_SECONDS, future)
+        self._results[key] = (now + self.TTL_SECONDS, future, True)
         return future
+
+    def lead(self, key: Hashable) -> asyncio.Future[ExecutionResult | None] | None:
+        """None when the caller leads `key`'s class (it must execute, or
+        `release`); otherwise the result to wait for, which is None when the
+        lead let go."""
+        now = time.monotonic()
+        found = self._found(key, now)
+        if found is not None:
+            return found[1]
+        future: asyncio.Future[ExecutionResult | None] = asyncio.get_running_loop().create_future()
+        self._results[key] = (now + self.TTL_SECONDS, future, False)
+        return None
+
+    def release(self, key: Hashable) -> None:
+        """Lets go of a lead that started no execution: its fellows are told
+        (None) and the next event of the class starts afresh."""
+        found = self._results.get(key)
+        if found is not None and not found[2]:
+            del self._results[key]
+            if not found[1].done():
+                found[1].set_result(None)
+
+
+_running: set[asyncio.Future[ExecutionResult]] = set()
+
+
+def _settle(future: asyncio.Future[ExecutionResult | None], done: asyncio.Future[ExecutionResult]) -> None:
+    if future.done():
+        return
+    if done.cancelled():
+        future.set_result(None)  # its fellows execute their own
+    elif done.exception() is not None:
+        future.set_exception(done.exception())  # type: ignore[arg-type]
+    else:
+        future.set_result(done.result())
 
 
 SHARED = SharedResults()
 
 
-def _variables(values: dict[str, Any]) -> str:
+def variables_key(values: dict[str, Any]) -> str:
+    """An operation's coerced variables, as a part of `class_key`."""
     return json.dumps(values, sort_keys=True, default=str)
+
+
+def class_key(plan: Plan, variables: str, share: Hashable) -> Hashable:
+    """What makes subscribers' answers to an event the same: the document,
+    its variables (`variables_key`) and what their rights depend on."""
+    return (plan.text, variables, share)
 
 
 def _copy_for(result: ExecutionResult, plan: Plan, event_id: str | None) -> ExecutionResult:
@@ -206,7 +272,7 @@ class MultiplexingExecutionContext(GuardedExecutionContext):
         plan = plan_for(self.schema, self.operation)
         if plan is None:
             return super().execute_operation(serially)
-        key = (plan.text, _variables(self.variable_values.coerced), share)
+        key = class_key(plan, variables_key(self.variable_values.coerced), share)
         shared = SHARED.result(key, lambda: self._execute(serially))
         return self._answer(shared, plan, getattr(self.root_value, "id", None))
 
@@ -215,10 +281,10 @@ class MultiplexingExecutionContext(GuardedExecutionContext):
         return cast("Awaitable[ExecutionResult] | ExecutionResult", super().execute_operation(serially))
 
     async def _answer(
-        self, shared: asyncio.Future[ExecutionResult], plan: Plan, event_id: str | None
+        self, shared: asyncio.Future[ExecutionResult | None], plan: Plan, event_id: str | None
     ) -> ExecutionResult:
         result = await asyncio.shield(shared)
-        if result.errors:
+        if result is None or result.errors:
             # Errors name a path and may come from one subscriber's own state:
             # this subscriber runs its own.
             own = self._execute(False)

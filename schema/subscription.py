@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable
 
 import strawberry
 
 from resolvers.processes import live
+from schema import frames
 from schema.capsule import Capsule, CapsuleUnlockedEvent
 from schema.common import Info, when
 from schema.content import Content
@@ -13,7 +14,20 @@ from schema.notification import Notification
 
 # Each resolver holds one of the viewer's subscription slots before anything is
 # subscribed (a refusal is the operation's first answer: an `error` message on
-# graphql-transport-ws), and charges every event it delivers at its cost.
+# graphql-transport-ws), and charges every event it delivers at its cost. An
+# event shared by a class of subscribers on WebSockets leaves as the class's
+# frame when it can (`schema.frames`); the one that leads the class, and every
+# other, take the ordinary way.
+
+
+async def sent(
+    info: Info, sink: frames.FrameSink | None, share: Hashable, event_id: str | None, charge: live.Charge
+) -> bool:
+    """Whether the event went out as its class's shared frame."""
+    if sink is None or not await sink.sent(share, event_id, charge):
+        return False
+    info.context.services.metrics.shared_frame(info.field_name)
+    return True
 
 
 @strawberry.type
@@ -28,15 +42,23 @@ class Subscription:
         cost = event_cost(info)
         most = live.replay_bound(cost, info.context.services.settings.max_query_cost)
 
-        async def events() -> AsyncIterator[CapsuleUnlockedEvent]:
+        async def events(charge: live.Charge) -> AsyncIterator[CapsuleUnlockedEvent]:
             stream = live.capsules_unlocked(info.context, str(after) if after is not None else None, most)
             async for capsule, unlocked_at, event_id, share in stream:
-                yield CapsuleUnlockedEvent(
-                    id=strawberry.ID(event_id),
-                    capsule=Capsule(item=capsule),
-                    unlocked_at=when(unlocked_at),
-                    share=share,
-                )
+                if share is not None and await sent(info, sink, share, event_id, charge):
+                    continue
+                try:
+                    yield CapsuleUnlockedEvent(
+                        id=strawberry.ID(event_id),
+                        capsule=Capsule(item=capsule),
+                        unlocked_at=when(unlocked_at),
+                        share=share,
+                    )
+                finally:
+                    if sink is not None:
+                        sink.done()
+
+        sink = frames.sink_for(info)
 
         return await live.held(info.context, events, cost)  # type: ignore[return-value]
 
@@ -50,7 +72,7 @@ class Subscription:
         cost = event_cost(info)
         most = live.replay_bound(cost, info.context.services.settings.max_query_cost)
 
-        async def events() -> AsyncIterator[Notification]:
+        async def events(charge: live.Charge) -> AsyncIterator[Notification]:
             stream = live.notifications_added(info.context, str(after) if after is not None else None, most)
             async for note in stream:
                 yield Notification(item=note)
@@ -63,8 +85,16 @@ class Subscription:
     async def content_status_changed(
         self, info: Info, content_id: strawberry.ID
     ) -> AsyncGenerator[Content, None]:
-        async def events() -> AsyncIterator[Content]:
+        async def events(charge: live.Charge) -> AsyncIterator[Content]:
             async for content, share in live.content_status(info.context, str(content_id)):
-                yield Content(item=content, share=share)
+                if share is not None and await sent(info, sink, share, None, charge):
+                    continue
+                try:
+                    yield Content(item=content, share=share)
+                finally:
+                    if sink is not None:
+                        sink.done()
+
+        sink = frames.sink_for(info)
 
         return await live.held(info.context, events, event_cost(info))  # type: ignore[return-value]

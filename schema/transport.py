@@ -58,7 +58,7 @@ from resolvers.core import idempotency, logs
 from resolvers.core.context import Context
 from resolvers.core.errors import ApiError, PersistedQueryNotFound
 from resolvers.services import Services
-from schema import backpressure, socket_auth, streams
+from schema import backpressure, frames, socket_auth, streams
 
 log = logging.getLogger("mifamilias.transport")
 
@@ -259,6 +259,17 @@ def _keyed(message: Any) -> Iterator[None]:
         idempotency.requested_key.reset(token)
 
 
+@contextlib.contextmanager
+def _framed(handler: _Guarded, message: Any, message_type: str) -> Iterator[None]:
+    """The operation's socket, for the task the protocol's handler creates for
+    it: its shared events may leave as encoded frames (`schema.frames`)."""
+    token = frames.target.set(frames.Target(handler, message["id"], message_type))
+    try:
+        yield
+    finally:
+        frames.target.reset(token)
+
+
 class _Guarded:
     """What both WebSocket protocols share: a malformed frame closes the socket
     with 4400; `connection_init` signs in with the token wherever the client
@@ -392,6 +403,15 @@ class _Guarded:
         if self.expiry is not None:
             self.expiry.cancel()
 
+    # schema.frames.Socket: shared events' frames, queued as any message is.
+
+    def live(self, operation_id: str) -> bool:
+        raise NotImplementedError
+
+    def send_frame(self, frame: str) -> None:
+        queued: backpressure.QueuedSocket = self.websocket
+        queued.send_frame(frame)
+
 
 class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None]):
     """graphql-transport-ws: a refused sign-in, or an expired token, closes with
@@ -439,13 +459,17 @@ class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None])
     def _running(self) -> int:
         return len(self.operations)
 
+    def live(self, operation_id: str) -> bool:
+        operation = self.operations.get(operation_id)
+        return operation is not None and not operation.completed
+
     async def handle_subscribe(self, message: Any) -> None:
         if await self._expired() or (
             self.connection_acknowledged and await self._over_connection_limit(message["id"])
         ):
             return
         if (message := await self._persisted(message)) is not None:
-            with _keyed(message):
+            with _keyed(message), _framed(self, message, "next"):
                 await super().handle_subscribe(message)
 
     async def shutdown(self) -> None:
@@ -508,13 +532,16 @@ class LegacyWSHandler(_Guarded, BaseGraphQLWSHandler[Context, None]):
     def _running(self) -> int:
         return len(self.tasks)
 
+    def live(self, operation_id: str) -> bool:
+        return operation_id in self.tasks
+
     async def handle_start(self, message: Any) -> None:
         if await self._expired() or (
             self.connection_acknowledged and await self._over_connection_limit(message["id"])
         ):
             return
         if (message := await self._persisted(message)) is not None:
-            with _keyed(message):
+            with _keyed(message), _framed(self, message, "data"):
                 await super().handle_start(message)
 
     async def cleanup(self) -> None:

@@ -5,6 +5,8 @@ the real pipeline and the real unlock scheduler."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -195,7 +197,13 @@ async def ready_on(session: Any, person_content: str) -> None:
     await stream.aclose()
 
 
-async def capsule_for(live_server: ServerProcess, family_id: str, title: str, unlock: datetime) -> str:
+async def capsule_for(
+    live_server: ServerProcess,
+    family_id: str,
+    title: str,
+    unlock: datetime,
+    recipients: tuple[str, ...] = ("ben",),
+) -> str:
     made = await http(
         live_server,
         "ana",
@@ -205,7 +213,7 @@ async def capsule_for(live_server: ServerProcess, family_id: str, title: str, un
                 "familyId": family_id,
                 "title": title,
                 "unlockDate": unlock.isoformat(),
-                "recipientIds": ["ben"],
+                "recipientIds": list(recipients),
             }
         },
     )
@@ -281,6 +289,72 @@ async def test_capsule_unlocks_over_websocket_once(live_server: ServerProcess) -
         {"id": family_id},
     )
     assert content_id in [e["node"]["id"] for e in feed["family"]["feed"]["edges"]]
+
+
+async def shared_frames(server: ServerProcess) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient() as client:
+        page = (await client.get(f"{server.url}/metrics")).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if sample.name == "mifamilias_events_shared_frames_total"
+        and sample.labels.get("subscription") == "capsuleUnlocked"
+    )
+
+
+async def test_alike_subscribers_get_their_class_frame_encoded_once(live_server: ServerProcess) -> None:
+    """Recipients alike (MEMBERs who receive the capsule and wrote none of it)
+    are one class: one of them leads it the ordinary way, the others get the
+    class's frame with their own operation and event ids, over both WebSocket
+    protocols; the creator is a class of its own."""
+    family_id = await make_family(live_server, "ana", ["ben", "cai", "dora"])
+    note = await upload(live_server, "ana", family_id, "TEXT", b"hola", "text/plain")
+    unlock = datetime.now(UTC) + timedelta(seconds=6)
+    capsule_id = await capsule_for(live_server, family_id, "Para todos", unlock, ("ben", "cai", "dora"))
+    content_id = await upload(
+        live_server, "ana", family_id, "TEXT", b"para todos", "text/plain", capsule_id=capsule_id
+    )
+    subscription = GraphQLRequest(
+        "subscription { capsuleUnlocked { id unlockedAt capsule { id title status content { id status } } } }"
+    )
+    before = await shared_frames(live_server)
+    got: dict[str, dict[str, Any]] = {}
+    people = {"ana": False, "ben": False, "cai": False, "dora": True}  # dora on the legacy protocol
+    async with contextlib.AsyncExitStack() as stack:
+        listeners = []
+        for person, legacy in people.items():
+            session = await stack.enter_async_context(ws_client(live_server, person, legacy=legacy))
+
+            async def listen(session: Any = session, person: str = person) -> None:
+                async for event in session.subscribe(subscription):
+                    got[person] = event["capsuleUnlocked"]
+                    return
+
+            listeners.append(asyncio.create_task(listen()))
+            await ready_on(session, note)
+        await until(lambda: len(got) == len(people), lambda: f"every opening, got {got}", interval=0.05)
+        await asyncio.gather(*listeners)
+    assert await shared_frames(live_server) - before == 2  # ben, cai, dora: one leads
+    for person, event in got.items():
+        notes = await http(
+            live_server, person, "{ notifications { edges { node { id type capsule { id } } } } }"
+        )
+        [own] = [
+            e["node"]["id"]
+            for e in notes["notifications"]["edges"]
+            if e["node"]["type"] == "CAPSULE_UNLOCKED" and e["node"]["capsule"]["id"] == capsule_id
+        ]
+        assert event.pop("id") == own  # each its own event id
+    assert len({json.dumps(event, sort_keys=True) for event in got.values()}) == 1
+    assert got["ben"]["capsule"] == {
+        "id": capsule_id,
+        "title": "Para todos",
+        "status": "AVAILABLE",
+        "content": {"id": content_id, "status": "READY"},
+    }
 
 
 async def test_notifications_arrive_live_and_stop_for_a_removed_member(live_server: ServerProcess) -> None:

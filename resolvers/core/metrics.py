@@ -110,6 +110,12 @@ class Metrics:
             ["channel"],
             registry=r,
         )
+        self.shared_frames = Counter(
+            "mifamilias_events_shared_frames",
+            "Subscription events sent as their class's frame, encoded once (by subscription field)",
+            ["subscription"],
+            registry=r,
+        )
         self.events_dropped = Counter(
             "mifamilias_events_dropped",
             "Live events dropped for a subscriber too far behind",
@@ -264,6 +270,10 @@ class Metrics:
             self._child(self.events_delivered, kind).inc(count)
         if dropped:
             self._child(self.events_dropped, kind).inc(dropped)
+
+    def shared_frame(self, subscription: str) -> None:
+        if self.enabled:
+            self._child(self.shared_frames, subscription).inc()
 
     def slow_client_closed(self, transport: str, reason: str) -> None:
         if self.enabled:

@@ -40,28 +40,38 @@ T = TypeVar("T")
 RESYNC_KIND = RESYNC["kind"]
 
 
+# Charges one event of a stream at its cost (`HeldStream.charge`).
+Charge = Callable[[], Awaitable[None]]
+
+
 class HeldStream(Generic[T]):
     """A subscription's events while it holds one of its person's slots
     (`RateLimiter.streams`): each event delivered, replayed or live, is charged
-    `cost` points of the person's budget first; the slot is given back when the
-    stream ends or is closed, iterated or not."""
+    `cost` points of the person's budget first (what `events` yields, here;
+    what it delivers itself, through the `charge` it is given); the slot is
+    given back when the stream ends or is closed, iterated or not."""
 
-    def __init__(self, ctx: Context, events: AsyncIterator[T], slot: Key, subject: str, cost: int) -> None:
+    def __init__(
+        self, ctx: Context, events: Callable[[Charge], AsyncIterator[T]], slot: Key, subject: str, cost: int
+    ) -> None:
         self.ctx = ctx
-        self.events = events
         self.slot = slot
         self.subject = subject
         self.cost = cost
         self.closed = False
+        self.events = events(self.charge)
 
     def __aiter__(self) -> HeldStream[T]:
         return self
 
+    async def charge(self) -> None:
+        rates = self.ctx.services.rates
+        await rates.budget.charge_delivery(self.subject, self.cost, self.ctx.services.now())
+
     async def __anext__(self) -> T:
         try:
             event = await anext(self.events)
-            rates = self.ctx.services.rates
-            await rates.budget.charge_delivery(self.subject, self.cost, self.ctx.services.now())
+            await self.charge()
         except BaseException:
             await self.aclose()
             raise
@@ -79,12 +89,12 @@ class HeldStream(Generic[T]):
             await self.ctx.services.rates.streams.release(self.slot)
 
 
-async def held(ctx: Context, events: Callable[[], AsyncIterator[T]], cost: int) -> HeldStream[T]:
-    """`events()` as a stream that holds a slot of the viewer's; RATE_LIMITED
-    (before anything is subscribed) when they have every slot."""
+async def held(ctx: Context, events: Callable[[Charge], AsyncIterator[T]], cost: int) -> HeldStream[T]:
+    """`events(charge)` as a stream that holds a slot of the viewer's;
+    RATE_LIMITED (before anything is subscribed) when they have every slot."""
     subject = f"user:{await ctx.viewer_id()}"
     slot = await ctx.services.rates.streams.hold(subject)
-    return HeldStream(ctx, events(), slot, subject, cost)
+    return HeldStream(ctx, events, slot, subject, cost)
 
 
 def _broker(ctx: Context) -> EventBus:

@@ -195,3 +195,24 @@ async def test_one_status_change_is_read_once_for_all_its_subscribers(api: Api) 
     many_reads, many = await reads_for_one_change(["ana", *members] * 3)
     assert few == ["DELIVERED"] * 2 and many == ["DELIVERED"] * 12
     assert many_reads == few_reads
+
+
+async def test_a_class_waits_for_its_lead_and_a_lead_that_runs_nothing_lets_go() -> None:
+    from graphql import ExecutionResult
+
+    from schema.multiplex import SharedResults
+
+    shared = SharedResults()
+    assert shared.lead("class") is None  # the first leads
+    fellow = shared.lead("class")
+    assert fellow is not None and not fellow.done()
+    shared.release("class")  # its stream ended before it executed
+    assert await fellow is None  # the fellow runs its own
+    assert shared.lead("class") is None  # the next event starts afresh
+    fellow = shared.lead("class")
+    assert fellow is not None
+    ran = shared.result("class", lambda: ExecutionResult(data={"capsule": 1}))
+    assert ran is fellow and (await fellow) is not None
+    assert (await fellow).data == {"capsule": 1} and shared.executions == 1  # type: ignore[union-attr]
+    shared.release("class")  # executed: nothing to let go
+    assert shared.lead("class") is fellow

@@ -1,0 +1,159 @@
+"""One frame per distinct payload: a shared subscription event leaves as bytes
+encoded once for its class, written to every socket of the class.
+
+`schema.multiplex` already executes an event once for the subscribers it finds
+alike. Each of them still took that result through the whole per-subscriber
+pipeline: graphql-core's per-event execution, Strawberry's result hooks and
+processing, the protocol's message and its JSON encoding. On a WebSocket, a
+subscription whose document is shared (`multiplex.plan_for`) skips all of it
+for every subscriber of a class but the one that leads it:
+
+- the first subscriber of a class to reach an event leads it: its event goes
+  the ordinary way and its execution is the class's (`SHARED.lead`);
+- its fellows wait for that result; if it has errors, or the lead ran nothing,
+  they go the ordinary way too, each with its own execution;
+- otherwise each fellow's frame is the class's encoded `data` with its own
+  operation id and event id joined in (`Encoded`), charged to its budget as
+  any event is, and handed to its connection's send queue.
+
+The socket's operation is found through `target` (a context variable the
+connection's handler sets for the task it starts for the operation), so a
+transport that does not set it (SSE, multipart, in-process calls) keeps the
+ordinary path.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+from graphql import ExecutionResult
+
+from schema.multiplex import SHARED, Plan, class_key, plan_for, variables_key
+
+# Stands for each subscriber's event id in a class's encoded data.
+_EVENT_ID = "\x00mifamilias-event-id\x00"
+Charge = Callable[[], Awaitable[None]]
+_EVENT_ID_ENCODED = orjson.dumps(_EVENT_ID).decode()
+
+
+class Socket(Protocol):
+    """The connection side of a subscription operation."""
+
+    def live(self, operation_id: str) -> bool:
+        """Whether the operation is still running on the connection."""
+        ...
+
+    def send_frame(self, frame: str) -> None:
+        """Queues an encoded text frame, never waiting for the client."""
+        ...
+
+
+@dataclass(frozen=True)
+class Target:
+    socket: Socket
+    operation_id: str
+    message_type: str  # "next" (graphql-transport-ws) or "data" (graphql-ws)
+
+
+target: contextvars.ContextVar[Target | None] = contextvars.ContextVar("frames_target", default=None)
+
+
+class Encoded:
+    """A class's result as JSON, split where each subscriber's event id goes."""
+
+    __slots__ = ("parts", "result")
+
+    def __init__(self, result: ExecutionResult, plan: Plan) -> None:
+        self.result = result
+        data = result.data
+        if plan.event_ids and data is not None:
+            event = dict(data[plan.root])
+            for key in plan.event_ids:
+                event[key] = _EVENT_ID
+            data = {**data, plan.root: event}
+        # Text, as the frames go out: graphql-ws clients expect text frames.
+        self.parts = orjson.dumps({"data": data}).decode().split(_EVENT_ID_ENCODED)
+
+    def payload(self, event_id: str | None) -> str:
+        if len(self.parts) == 1:
+            return self.parts[0]
+        return orjson.dumps(event_id).decode().join(self.parts)
+
+
+# The encoded result of each class, by its key; an entry lives as long as
+# `SHARED` keeps the result it was encoded from.
+_encoded: dict[Hashable, Encoded] = {}
+
+
+def _encoded_for(key: Hashable, result: ExecutionResult, plan: Plan) -> Encoded:
+    found = _encoded.get(key)
+    if found is not None and found.result is result:
+        return found
+    if len(_encoded) > 1000:
+        _encoded.clear()
+    found = _encoded[key] = Encoded(result, plan)
+    return found
+
+
+class FrameSink:
+    """One subscription operation on a WebSocket whose events may leave as
+    their class's shared frame."""
+
+    __slots__ = ("_leading", "_prefix", "_target", "frames_sent", "plan", "variables")
+
+    def __init__(self, found: Target, plan: Plan, variables: dict[str, Any]) -> None:
+        self._target = found
+        self.plan = plan
+        self.variables = variables_key(variables)
+        operation_id = orjson.dumps(found.operation_id).decode()
+        self._prefix = f'{{"id":{operation_id},"type":"{found.message_type}","payload":'
+        self._leading: Hashable | None = None
+        self.frames_sent = 0
+
+    async def sent(self, share: Hashable, event_id: str | None, charge: Charge) -> bool:
+        """Whether the event went out as its class's frame. False: the caller
+        delivers it the ordinary way, then calls `done` (it may lead the class)."""
+        key = class_key(self.plan, self.variables, share)
+        shared = SHARED.lead(key)
+        if shared is None:
+            self._leading = key
+            return False
+        result = await shared
+        if result is None or result.errors or result.data is None:
+            return False  # each runs its own: errors name paths and may be one's own
+        encoded = _encoded_for(key, result, self.plan)
+        await charge()
+        found = self._target
+        if not found.socket.live(found.operation_id):
+            return True  # stopped meanwhile: nobody to send it to
+        found.socket.send_frame(self._prefix + encoded.payload(event_id) + "}")
+        self.frames_sent += 1
+        return True
+
+    def done(self) -> None:
+        """After an event delivered the ordinary way: a lead that started no
+        execution is let go, so its fellows do not wait for it."""
+        if self._leading is not None:
+            SHARED.release(self._leading)
+            self._leading = None
+
+
+def sink_for(info: Any) -> FrameSink | None:
+    """The frame sink of the subscription `info` resolves, or None when its
+    events must take the ordinary path (not on a WebSocket, or a document
+    `schema.multiplex` does not share)."""
+    found = target.get()
+    if found is None:
+        return None
+    raw = info._raw_info
+    plan = plan_for(raw.schema, raw.operation)
+    if plan is None:
+        return None
+    # A dict of coerced values where the source stream is created; graphql-core's
+    # `VariableValues` (the same values, `.coerced`) where an event executes.
+    variables = raw.variable_values
+    return FrameSink(found, plan, getattr(variables, "coerced", variables))
