@@ -103,6 +103,7 @@ class QueuedSocket(AsyncWebSocketAdapter):
         self._frames = frames
         self._slow_seconds = slow_seconds
         self._writer: asyncio.Task[None] | None = None
+        self._sending = False  # a caller's task is writing a frame itself (`send_now`)
         self._closed = False
         self.let_go = False
 
@@ -125,8 +126,33 @@ class QueuedSocket(AsyncWebSocketAdapter):
         except asyncio.QueueFull:
             self._give_up("queue_full")
             return
-        if self._writer is None:
+        if self._writer is None and not self._sending:
             self._writer = asyncio.create_task(self._write(self._queue))
+
+    async def send_now(self, frame: str) -> None:
+        """Writes a text frame from the caller's own task when nothing else is
+        going out (an event's frame, as a rule): no queue and no writer task
+        for it. Otherwise it is queued behind what is. A client that takes
+        nothing for `slow_seconds` is let go as the writer would; the caller
+        holds nothing shared meanwhile (the operation's own task)."""
+        if self._closed:
+            return
+        if self._queue is not None or self._sending:
+            self.send_frame(frame)
+            return
+        self._sending = True
+        try:
+            async with asyncio.timeout(self._slow_seconds):
+                await self._send_text(frame)
+        except TimeoutError:
+            self._give_up("stalled")
+        except WebSocketDisconnected:
+            self._closed = True
+        finally:
+            self._sending = False
+            # What was queued meanwhile goes out after this frame.
+            if self._queue is not None and self._writer is None and not self._closed:
+                self._writer = asyncio.create_task(self._write(self._queue))
 
     async def _write(self, queue: asyncio.Queue[Mapping[str, object] | str]) -> None:
         while True:

@@ -14,7 +14,8 @@ for every subscriber of a class but the one that leads it:
   they go the ordinary way too, each with its own execution;
 - otherwise each fellow's frame is the class's encoded `data` with its own
   operation id and event id joined in (`Encoded`), charged to its budget as
-  any event is, and handed to its connection's send queue.
+  any event is, and written by its own task (or queued behind what its
+  connection is sending).
 
 The socket's operation is found through `target` (a context variable the
 connection's handler sets for the task it starts for the operation), so a
@@ -47,8 +48,9 @@ class Socket(Protocol):
         """Whether the operation is still running on the connection."""
         ...
 
-    def send_frame(self, frame: str) -> None:
-        """Queues an encoded text frame, never waiting for the client."""
+    async def send_frame(self, frame: str) -> None:
+        """Sends an encoded text frame, never holding anything shared while
+        the client takes it (`schema.backpressure`)."""
         ...
 
 
@@ -130,7 +132,7 @@ class FrameSink:
         found = self._target
         if not found.socket.live(found.operation_id):
             return True  # stopped meanwhile: nobody to send it to
-        found.socket.send_frame(self._prefix + encoded.payload(event_id) + "}")
+        await found.socket.send_frame(self._prefix + encoded.payload(event_id) + "}")
         self.frames_sent += 1
         return True
 

@@ -403,14 +403,14 @@ class _Guarded:
         if self.expiry is not None:
             self.expiry.cancel()
 
-    # schema.frames.Socket: shared events' frames, queued as any message is.
+    # schema.frames.Socket: shared events' frames, in order with every other message.
 
     def live(self, operation_id: str) -> bool:
         raise NotImplementedError
 
-    def send_frame(self, frame: str) -> None:
+    async def send_frame(self, frame: str) -> None:
         queued: backpressure.QueuedSocket = self.websocket
-        queued.send_frame(frame)
+        await queued.send_now(frame)
 
 
 class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None]):

@@ -74,55 +74,53 @@ class _Fanout:
         self.metrics = metrics or Metrics.disabled()
         self.heap = heap or SubscriptionHeap(enabled=False)
         self.queues: defaultdict[str, set[Inbox]] = defaultdict(set)
-        # The delivery still running on each channel: the next waits for it, so
-        # every subscriber sees a channel's events in the order they came.
-        self._tails: dict[str, asyncio.Task[None]] = {}
+        # Events waiting to be handed to their subscribers, in the order they
+        # came (so every subscriber sees a channel's events in order), and the
+        # one task handing them over while there are some: one opening
+        # publishes to a thousand channels, which is not a thousand tasks.
+        self._pending: deque[tuple[str, Event]] = deque()
+        self._delivering: asyncio.Task[None] | None = None
 
     def deliver_soon(self, channel: str, event: Event) -> None:
         """Hands the event to the channel's subscribers without making the
         publisher wait for all of them."""
         if channel not in self.queues:
             return
-        previous = self._tails.get(channel)
-        task = asyncio.create_task(self._deliver_after(previous, channel, event))
-        self._tails[channel] = task
+        self._pending.append((channel, event))
+        if self._delivering is None or self._delivering.done():  # (done: its loop was closed)
+            self._delivering = asyncio.create_task(self._deliver_pending())
 
-        def forget(done: asyncio.Task[None]) -> None:
-            if self._tails.get(channel) is done:
-                del self._tails[channel]
-
-        task.add_done_callback(forget)
-
-    async def _deliver_after(self, previous: asyncio.Task[None] | None, channel: str, event: Event) -> None:
-        if previous is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(previous)
-        await self.deliver(channel, event)
-
-    async def deliver(self, channel: str, event: Event) -> None:
-        """Wakes the channel's subscribers a slice at a time: between slices the
-        loop serves everything else (health checks, other sockets), so ten
-        thousand subscribers of one content never hold it for long."""
-        delivered = dropped = 0
+    async def _deliver_pending(self) -> None:
+        """Wakes subscribers a slice at a time: between slices the loop serves
+        everything else (health checks, other sockets), so ten thousand
+        subscribers of one content never hold it for long."""
+        woken = 0
         try:
-            for n, queue in enumerate(tuple(self.queues.get(channel, ()))):
-                if n and n % DELIVERY_SLICE == 0:
-                    await asyncio.sleep(0)
-                try:
-                    queue.put_nowait(event)
-                    delivered += 1
-                except asyncio.QueueFull:
-                    # A subscriber this far behind is stuck; its stream ends at its
-                    # next read (it resumes with `after`), and memory stays bounded.
-                    dropped += 1
-                    if not queue.fell_behind:
-                        queue.fell_behind = True
-                        self.metrics.slow_client_closed("stream", "queue_full")
-                        log.warning(
-                            "a subscriber on %s fell %d events behind; its stream ends", channel, QUEUE_LIMIT
-                        )
+            while self._pending:
+                channel, event = self._pending.popleft()
+                delivered = dropped = 0
+                for queue in tuple(self.queues.get(channel, ())):
+                    woken += 1
+                    if woken % DELIVERY_SLICE == 0:
+                        await asyncio.sleep(0)
+                    try:
+                        queue.put_nowait(event)
+                        delivered += 1
+                    except asyncio.QueueFull:
+                        # A subscriber this far behind is stuck; its stream ends at its
+                        # next read (it resumes with `after`), and memory stays bounded.
+                        dropped += 1
+                        if not queue.fell_behind:
+                            queue.fell_behind = True
+                            self.metrics.slow_client_closed("stream", "queue_full")
+                            log.warning(
+                                "a subscriber on %s fell %d events behind; its stream ends",
+                                channel,
+                                QUEUE_LIMIT,
+                            )
+                self.metrics.delivered(channel, delivered, dropped)
         finally:
-            self.metrics.delivered(channel, delivered, dropped)
+            self._delivering = None
 
     def count(self, channel: str) -> int:
         return len(self.queues.get(channel, ()))

@@ -101,7 +101,8 @@ class Loaders:
     def __init__(self, table: Table, owner: object = None) -> None:
         # `owner`: whose turns on the loop the batches wait for (the operation's context).
         self.item = ItemLoader(table, owner)
-        self.query = QueryLoader(table, owner)
+        self._table, self._owner = table, owner
+        self._query: QueryLoader | None = None
         # Read verdicts of this operation (resolvers.domain.access); whatever changes
         # what was loaded forgets them all, so none outlives what it read.
         self.verdicts: dict[tuple[object, ...], bool] = {}
@@ -109,6 +110,14 @@ class Loaders:
         # decodes a comment's content once per comment otherwise. An item the
         # operation changes is a new object, so it is decoded anew.
         self._decoded: dict[tuple[type, int], tuple[Item, Any]] = {}
+
+    @property
+    def query(self) -> QueryLoader:
+        # Made when first asked for: a subscriber's loaders are made afresh for
+        # every event, and most events query nothing.
+        if self._query is None:
+            self._query = QueryLoader(self._table, self._owner)
+        return self._query
 
     def decoded(self, record_type: type[D], item: Item) -> D:
         """`record_type.from_item(item)`, once per loaded item."""
