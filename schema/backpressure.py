@@ -44,6 +44,7 @@ SLOW_REASON = "slow client: it read nothing for too long; reconnect and resume w
 CLOSE_GRACE_SECONDS = 30.0
 
 ABORT_KEY = "mifamilias.abort"
+BUFFERED_KEY = "mifamilias.buffered"
 Abort = Callable[[], None]
 LetGo = Callable[[str], None]  # called with why: "queue_full" or "stalled"
 
@@ -66,6 +67,9 @@ class ConnectionHandles:
             abort = getattr(transport, "abort", None)
             if callable(abort):
                 scope[ABORT_KEY] = abort
+            buffered = getattr(transport, "get_write_buffer_size", None)
+            if callable(buffered):
+                scope[BUFFERED_KEY] = buffered
         await self.app(scope, receive, send)
 
 
@@ -76,6 +80,18 @@ def abort_of(scope: Mapping[str, Any]) -> Abort:
 
 def _nothing() -> None:
     return None
+
+
+def buffered_of(scope: Mapping[str, Any]) -> Callable[[], int]:
+    """How many bytes the connection's transport holds unsent (asyncio's
+    `get_write_buffer_size`); under a server that does not expose it, always
+    some, so every send is timed."""
+    buffered = scope.get(BUFFERED_KEY)
+    return buffered if callable(buffered) else _some
+
+
+def _some() -> int:
+    return 1
 
 
 class QueuedSocket(AsyncWebSocketAdapter):
@@ -91,10 +107,12 @@ class QueuedSocket(AsyncWebSocketAdapter):
         *,
         frames: int,
         slow_seconds: float,
+        buffered: Callable[[], int] = _some,
     ) -> None:
         super().__init__(inner.view)
         self.inner = inner
         self._abort = abort
+        self._buffered = buffered
         self._let_go_hook = let_go
         self._drop_operations = drop_operations
         # Made for a burst of frames and dropped with its writer once they are
@@ -142,8 +160,13 @@ class QueuedSocket(AsyncWebSocketAdapter):
             return
         self._sending = True
         try:
-            async with asyncio.timeout(self._slow_seconds):
+            if self._buffered() == 0:
+                # The client has taken everything so far: the transport is not
+                # paused, so the send writes at once and cannot wait.
                 await self._send_text(frame)
+            else:
+                async with asyncio.timeout(self._slow_seconds):
+                    await self._send_text(frame)
         except TimeoutError:
             self._give_up("stalled")
         except WebSocketDisconnected:

@@ -315,6 +315,7 @@ class _Guarded:
             self._drop_operations,
             frames=settings.send_queue_frames,
             slow_seconds=settings.slow_client_seconds,
+            buffered=backpressure.buffered_of(self.websocket.ws.scope),
         )
         view.sockets.add(self)
         try:
