@@ -25,6 +25,7 @@ ordinary path.
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
@@ -124,7 +125,11 @@ class FrameSink:
         if shared is None:
             self._leading = key
             return False
-        result = await shared
+        try:
+            # Shielded: a fellow stopped while it waits leaves the result to the others.
+            result = await asyncio.shield(shared)
+        except Exception:
+            return False  # the lead's execution failed: each runs its own
         if result is None or result.errors or result.data is None:
             return False  # each runs its own: errors name paths and may be one's own
         encoded = _encoded_for(key, result, self.plan)

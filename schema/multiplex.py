@@ -168,10 +168,18 @@ class SharedResults:
         self.executions = 0  # how many events were executed here (tests read it)
 
     def _found(self, key: Hashable, now: float) -> _Entry | None:
+        """The entry for `key`: a result not yet expired, or a lead of any age
+        (its fellows wait for it until it executes or lets go)."""
         if len(self._results) > 1000:
-            self._results = {k: v for k, v in self._results.items() if v[0] > now}
+            kept: dict[Hashable, _Entry] = {}
+            for k, entry in self._results.items():
+                if entry[0] > now or not entry[2]:
+                    kept[k] = entry
+            self._results = kept
         found = self._results.get(key)
-        return found if found is not None and found[0] > now else None
+        if found is None or (found[2] and found[0] <= now):
+            return None
+        return found
 
     def result(
         self, key: Hashable, run: Callable[[], Awaitable[ExecutionResult] | ExecutionResult]
@@ -187,7 +195,8 @@ class SharedResults:
         if found is not None:  # led: the fellows wait on this future
             future = found[1]
             if isinstance(outcome, ExecutionResult):
-                future.set_result(outcome)
+                if not future.done():
+                    future.set_result(outcome)
             else:
                 task = asyncio.ensure_future(outcome)
                 _running.add(task)  # held until done: the loop keeps only a weak reference

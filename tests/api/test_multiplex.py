@@ -216,3 +216,18 @@ async def test_a_class_waits_for_its_lead_and_a_lead_that_runs_nothing_lets_go()
     assert (await fellow).data == {"capsule": 1} and shared.executions == 1  # type: ignore[union-attr]
     shared.release("class")  # executed: nothing to let go
     assert shared.lead("class") is fellow
+
+
+async def test_a_lead_is_waited_for_past_the_results_lifetime() -> None:
+    from graphql import ExecutionResult
+
+    from schema.multiplex import SharedResults
+
+    shared = SharedResults()
+    shared.TTL_SECONDS = 0.0  # every result expires at once; a lead must not
+    assert shared.lead("class") is None
+    fellow = shared.lead("class")
+    assert fellow is not None  # the lead still stands: not a second lead
+    shared.result("class", lambda: ExecutionResult(data={"capsule": 2}))
+    assert (await fellow).data == {"capsule": 2}  # type: ignore[union-attr]
+    assert shared.lead("class") is None  # that result expired: the next event leads afresh
