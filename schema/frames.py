@@ -68,7 +68,7 @@ target: contextvars.ContextVar[Target | None] = contextvars.ContextVar("frames_t
 class Encoded:
     """A class's result as JSON, split where each subscriber's event id goes."""
 
-    __slots__ = ("parts", "result")
+    __slots__ = ("parts", "result", "usable")
 
     def __init__(self, result: ExecutionResult, plan: Plan) -> None:
         self.result = result
@@ -80,6 +80,9 @@ class Encoded:
             data = {**data, plan.root: event}
         # Text, as the frames go out: graphql-ws clients expect text frames.
         self.parts = orjson.dumps({"data": data}).decode().split(_EVENT_ID_ENCODED)
+        # The stand-in found anywhere else (a text that spells it) would take an
+        # id too: such a result goes the ordinary way.
+        self.usable = data is None or len(self.parts) == 1 + (len(plan.event_ids) if plan.event_ids else 0)
 
     def payload(self, event_id: str | None) -> str:
         if len(self.parts) == 1:
@@ -133,6 +136,8 @@ class FrameSink:
         if result is None or result.errors or result.data is None:
             return False  # each runs its own: errors name paths and may be one's own
         encoded = _encoded_for(key, result, self.plan)
+        if not encoded.usable:
+            return False
         await charge()
         found = self._target
         if not found.socket.live(found.operation_id):

@@ -231,3 +231,24 @@ async def test_a_lead_is_waited_for_past_the_results_lifetime() -> None:
     shared.result("class", lambda: ExecutionResult(data={"capsule": 2}))
     assert (await fellow).data == {"capsule": 2}  # type: ignore[union-attr]
     assert shared.lead("class") is None  # that result expired: the next event leads afresh
+
+
+def test_a_class_frame_takes_each_event_id_and_no_text_that_spells_its_stand_in() -> None:
+    import json
+
+    from graphql import ExecutionResult
+
+    from schema.frames import _EVENT_ID, Encoded
+    from schema.multiplex import Plan
+
+    plan = Plan(text="subscription", root="opened", event_ids=("id", "again"))
+    data = {"opened": {"id": "first's", "again": "first's", "capsule": {"title": "Para todos"}}}
+    encoded = Encoded(ExecutionResult(data=data), plan)
+    assert encoded.usable
+    for event_id in ("n1.0.2026-12-01T00:00:00+00:00", 'quote " and \\ back'):
+        sent = json.loads(encoded.payload(event_id))
+        assert sent == {
+            "data": {"opened": {"id": event_id, "again": event_id, "capsule": {"title": "Para todos"}}}
+        }
+    spelled = {"opened": {"id": "x", "again": "x", "capsule": {"title": _EVENT_ID}}}
+    assert not Encoded(ExecutionResult(data=spelled), plan).usable  # that one goes the ordinary way
