@@ -1,4 +1,4 @@
-"""One frame per distinct payload: a shared subscription event leaves as bytes
+"""One frame per distinct payload: a shared subscription event leaves as text
 encoded once for its class, written to every socket of the class.
 
 `schema.multiplex` already executes an event once for the subscribers it finds
@@ -38,8 +38,9 @@ from schema.multiplex import SHARED, Plan, class_key, plan_for, variables_key
 
 # Stands for each subscriber's event id in a class's encoded data.
 _EVENT_ID = "\x00mifamilias-event-id\x00"
-Charge = Callable[[], Awaitable[None]]
 _EVENT_ID_ENCODED = orjson.dumps(_EVENT_ID).decode()
+
+Charge = Callable[[], Awaitable[None]]  # charges one event to the subscriber's budget
 
 
 class Socket(Protocol):
@@ -109,7 +110,7 @@ class FrameSink:
     """One subscription operation on a WebSocket whose events may leave as
     their class's shared frame."""
 
-    __slots__ = ("_leading", "_prefix", "_target", "frames_sent", "plan", "variables")
+    __slots__ = ("_leading", "_prefix", "_target", "plan", "variables")
 
     def __init__(self, found: Target, plan: Plan, variables: dict[str, Any]) -> None:
         self._target = found
@@ -118,7 +119,6 @@ class FrameSink:
         operation_id = orjson.dumps(found.operation_id).decode()
         self._prefix = f'{{"id":{operation_id},"type":"{found.message_type}","payload":'
         self._leading: Hashable | None = None
-        self.frames_sent = 0
 
     async def sent(self, share: Hashable, event_id: str | None, charge: Charge) -> bool:
         """Whether the event went out as its class's frame. False: the caller
@@ -143,7 +143,6 @@ class FrameSink:
         if not found.socket.live(found.operation_id):
             return True  # stopped meanwhile: nobody to send it to
         await found.socket.send_frame(self._prefix + encoded.payload(event_id) + "}")
-        self.frames_sent += 1
         return True
 
     def done(self) -> None:
