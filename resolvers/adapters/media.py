@@ -271,8 +271,19 @@ async def _probe_in_child(path: Path, *, timeout_seconds: float) -> tuple[int, s
     """Run the probe in a forked child; return (exit code, JSON fields, reason).
     Killed on timeout or cancellation, as `_run_process` kills its commands."""
     receive, answer = _forkserver().Pipe(duplex=False)
+    starting = asyncio.ensure_future(asyncio.to_thread(_start_probe_child, path, answer))
     try:
-        process = await asyncio.to_thread(_start_probe_child, path, answer)
+        process = await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        # Cancelled while the child was starting: it is stopped as soon as it
+        # has started, not left running on its own.
+        with contextlib.suppress(Exception):
+            started = await starting
+            with contextlib.suppress(ProcessLookupError):
+                started.kill()
+            await asyncio.to_thread(started.join)
+        receive.close()
+        raise
     except OSError as exc:
         receive.close()
         unavailable = "reading the file failed: the media tools are unavailable"

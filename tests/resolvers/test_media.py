@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -264,6 +265,32 @@ async def test_probe_leaves_the_loop_free_and_cancelling_kills_the_child(
     child = await asyncio.wait_for(children.started.get(), timeout=60)
     assert not task.done() and child.exitcode is None
     task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(60):  # a guard, as above
+            await task
+    assert child.exitcode == -signal.SIGKILL
+
+
+async def test_a_probe_cancelled_while_its_child_starts_still_kills_it(
+    src: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fifo = tmp_path / "never.mp4"
+    os.mkfifo(fifo)
+    _probe_reads(monkeypatch, fifo)
+    children = _Children(monkeypatch)
+    cancelled = threading.Event()
+    recording = media._start_probe_child
+
+    def slow_to_return(path: Path, answer: Any) -> Any:
+        process = recording(path, answer)
+        cancelled.wait(60)  # the probe is cancelled before its start has returned
+        return process
+
+    monkeypatch.setattr(media, "_start_probe_child", slow_to_return)
+    task = asyncio.create_task(probe(src["png"], timeout_seconds=600))
+    child = await asyncio.wait_for(children.started.get(), timeout=60)
+    task.cancel()  # while the start is still out: its thread waits for this
+    cancelled.set()
     with pytest.raises(asyncio.CancelledError):
         async with asyncio.timeout(60):  # a guard, as above
             await task
