@@ -229,6 +229,23 @@ def _probe_reads(monkeypatch: pytest.MonkeyPatch, other: Path) -> None:
     monkeypatch.setattr(media, "_start_probe_child", lambda path, answer: start(other, answer))
 
 
+def _stuck_children(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> _Children:
+    """The probe's children, each reading a FIFO no one writes to: it blocks
+    the child's demuxer for ever."""
+    fifo = tmp_path / "never.mp4"
+    os.mkfifo(fifo)
+    _probe_reads(monkeypatch, fifo)
+    return _Children(monkeypatch)
+
+
+async def _cancelled_and_killed(task: asyncio.Task[Any], child: Any) -> None:
+    """The cancelled probe ends cancelled, its child killed."""
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(60):  # a guard: a probe that failed to kill its child would wait for ever
+            await task
+    assert child.exitcode == -signal.SIGKILL
+
+
 def _abort(path: str, answer: Any) -> None:
     """A probe child that crashes (imported by reference in the forked child)."""
     os.abort()
@@ -237,11 +254,7 @@ def _abort(path: str, answer: Any) -> None:
 async def test_probe_kills_a_child_stuck_on_a_fifo(
     src: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Opening a FIFO no one writes to blocks the child's demuxer for ever.
-    fifo = tmp_path / "never.mp4"
-    os.mkfifo(fifo)
-    _probe_reads(monkeypatch, fifo)
-    children = _Children(monkeypatch)
+    children = _stuck_children(tmp_path, monkeypatch)
     # The outer timeout is a guard only: a probe that failed to kill its child would wait for ever.
     async with asyncio.timeout(60):
         with pytest.raises(
@@ -256,28 +269,19 @@ async def test_probe_kills_a_child_stuck_on_a_fifo(
 async def test_probe_leaves_the_loop_free_and_cancelling_kills_the_child(
     src: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fifo = tmp_path / "never.mp4"
-    os.mkfifo(fifo)
-    _probe_reads(monkeypatch, fifo)
-    children = _Children(monkeypatch)
+    children = _stuck_children(tmp_path, monkeypatch)
     task = asyncio.create_task(probe(src["png"], timeout_seconds=600))
     # This coroutine runs while the child is stuck: the probe does not hold the event loop.
     child = await asyncio.wait_for(children.started.get(), timeout=60)
     assert not task.done() and child.exitcode is None
     task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        async with asyncio.timeout(60):  # a guard, as above
-            await task
-    assert child.exitcode == -signal.SIGKILL
+    await _cancelled_and_killed(task, child)
 
 
 async def test_a_probe_cancelled_while_its_child_starts_still_kills_it(
     src: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fifo = tmp_path / "never.mp4"
-    os.mkfifo(fifo)
-    _probe_reads(monkeypatch, fifo)
-    children = _Children(monkeypatch)
+    children = _stuck_children(tmp_path, monkeypatch)
     cancelled = threading.Event()
     recording = media._start_probe_child
 
@@ -291,10 +295,7 @@ async def test_a_probe_cancelled_while_its_child_starts_still_kills_it(
     child = await asyncio.wait_for(children.started.get(), timeout=60)
     task.cancel()  # while the start is still out: its thread waits for this
     cancelled.set()
-    with pytest.raises(asyncio.CancelledError):
-        async with asyncio.timeout(60):  # a guard, as above
-            await task
-    assert child.exitcode == -signal.SIGKILL
+    await _cancelled_and_killed(task, child)
 
 
 async def test_probe_child_crash_is_an_unreadable_file(
