@@ -42,6 +42,8 @@ class Subscription:
         cost = event_cost(info)
         most = live.replay_bound(cost, info.context.services.settings.max_query_cost)
 
+        sink = frames.sink_for(info)
+
         async def events(charge: live.Charge) -> AsyncIterator[CapsuleUnlockedEvent]:
             stream = live.capsules_unlocked(info.context, str(after) if after is not None else None, most)
             async for capsule, unlocked_at, event_id, share in stream:
@@ -57,8 +59,6 @@ class Subscription:
                 finally:
                     if sink is not None:
                         sink.done()
-
-        sink = frames.sink_for(info)
 
         return await live.held(info.context, events, cost)  # type: ignore[return-value]
 
@@ -85,6 +85,8 @@ class Subscription:
     async def content_status_changed(
         self, info: Info, content_id: strawberry.ID
     ) -> AsyncGenerator[Content, None]:
+        sink = frames.sink_for(info)
+
         async def events(charge: live.Charge) -> AsyncIterator[Content]:
             async for content, share in live.content_status(info.context, str(content_id)):
                 if share is not None and await sent(info, sink, share, None, charge):
@@ -94,7 +96,5 @@ class Subscription:
                 finally:
                     if sink is not None:
                         sink.done()
-
-        sink = frames.sink_for(info)
 
         return await live.held(info.context, events, event_cost(info))  # type: ignore[return-value]
