@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from contextlib import aclosing
 from typing import Any
 
@@ -17,11 +17,14 @@ from strawberry.extensions import (
     QueryDepthLimiter,
     SchemaExtension,
 )
+from strawberry.schema.schema import DEFAULT_ALLOWED_OPERATION_TYPES
 from strawberry.types import ExecutionResult
+from strawberry.types.graphql import OperationType
 
 from resolvers.core import idempotency, logs
 from resolvers.core.context import Context
 from resolvers.core.errors import ApiError, unavailable
+from schema import prepared
 from schema.caching import CachePolicy
 from schema.cost import QueryCost
 from schema.deadline import DeadlinePassed, StoppingExecutionContext, running_within
@@ -32,6 +35,7 @@ from schema.hooks import HooksFoundOnce
 from schema.mutation import Mutation
 from schema.observability import OperationLog, OperationMetrics, Tracing
 from schema.persisted import IntrospectionGate, RegisterPersisted
+from schema.prepared import Prepare, PreparedOperations
 from schema.query import Query
 from schema.resolving import call_directly
 from schema.subscription import Subscription
@@ -215,28 +219,95 @@ class MiFamiliasSchema(strawberry.Schema):
     transactional, so one stopped between two writes leaves each write whole.
     A subscription's life has no deadline (the cost limit bounds each event)."""
 
-    async def execute(self, query: str | None, *args: Any, **kwargs: Any) -> ExecutionResult:
-        # Plain HTTP.
-        context = kwargs.get("context_value", args[1] if len(args) > 1 else None)
-        deadline = _deadline(context)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Operations run again without the extensions' machinery (schema.prepared);
+        # not where tracing is on, whose spans hang on the extension hooks.
+        extensions = [e if isinstance(e, type) else type(e) for e in self.extensions]
+        self.prepared = None if any(issubclass(e, Tracing) for e in extensions) else PreparedOperations()
+        self._counted = any(issubclass(e, OperationMetrics) for e in extensions)
+
+    async def execute(
+        self,
+        query: str | None,
+        variable_values: dict[str, Any] | None = None,
+        context_value: Any | None = None,
+        root_value: Any | None = None,
+        operation_name: str | None = None,
+        allowed_operation_types: Iterable[OperationType] | None = None,
+        operation_extensions: dict[str, Any] | None = None,
+    ) -> ExecutionResult:
+        # Plain HTTP (and in-process callers).
+        def once() -> Awaitable[ExecutionResult]:
+            return self._execute_once(
+                query,
+                variable_values,
+                context_value,
+                root_value,
+                operation_name,
+                allowed_operation_types,
+                operation_extensions,
+            )
+
+        deadline = _deadline(context_value)
         if deadline is None:
-            return await super().execute(query, *args, **kwargs)
-        writes = _writes(query, kwargs.get("operation_name"))
-        request = (query, kwargs.get("operation_name"), kwargs.get("variable_values"))
+            return await once()
+        writes = _writes(query, operation_name)
+        request = (query, operation_name, variable_values)
         try:
             with running_within(deadline):
                 async with asyncio.timeout(deadline):
                     if writes:
-                        result: ExecutionResult = await _once(
-                            context,
-                            request,
-                            deadline,
-                            lambda: super(MiFamiliasSchema, self).execute(query, *args, **kwargs),
-                        )
+                        result: ExecutionResult = await _once(context_value, request, deadline, once)
                         return result
-                    return await super().execute(query, *args, **kwargs)
+                    return await once()
         except (TimeoutError, DeadlinePassed):
-            return _stopped(deadline, context, writes=writes)
+            return _stopped(deadline, context_value, writes=writes)
+
+    async def _execute_once(
+        self,
+        query: str | None,
+        variable_values: dict[str, Any] | None,
+        context_value: Any | None,
+        root_value: Any | None,
+        operation_name: str | None,
+        allowed_operation_types: Iterable[OperationType] | None,
+        operation_extensions: dict[str, Any] | None,
+    ) -> ExecutionResult:
+        """One run: prepared when the document is (`schema.prepared`), else
+        Strawberry's with every extension."""
+        allowed = frozenset(allowed_operation_types or DEFAULT_ALLOWED_OPERATION_TYPES)
+        found = (
+            self.prepared.find(query, operation_name, context_value, allowed)
+            if self.prepared is not None
+            else None
+        )
+        if (
+            found is not None
+            and self.prepared is not None
+            and isinstance(query, str)
+            and isinstance(context_value, Context)
+        ):
+            self.prepared.runs += 1
+            return await prepared.run(
+                self,
+                found,
+                query,
+                context_value,
+                variable_values,
+                root_value,
+                operation_extensions,
+                counted=self._counted,
+            )
+        return await super().execute(
+            query,
+            variable_values,
+            context_value,
+            root_value,
+            operation_name,
+            allowed_operation_types,
+            operation_extensions,
+        )
 
     async def stream(self, query: str | None, *args: Any, **kwargs: Any) -> Any:
         # WebSockets, SSE and multipart: one result for a query or mutation,
@@ -284,11 +355,13 @@ def build_schema(*, metrics: bool = True, tracing: bool = False) -> strawberry.S
             QueryCost,
             # After every check that can refuse the operation before it runs.
             RegisterPersisted,
-            # Instances are accepted at run time; the annotation only names classes.
-            QueryDepthLimiter(max_depth=MAX_DEPTH),  # type: ignore[list-item]
-            MaxAliasesLimiter(max_alias_count=MAX_ALIASES),  # type: ignore[list-item]
-            MaxTokensLimiter(max_token_count=MAX_TOKENS),  # type: ignore[list-item]
+            # Instances, shared by every operation: they only add validation rules.
+            QueryDepthLimiter(max_depth=MAX_DEPTH),
+            MaxAliasesLimiter(max_alias_count=MAX_ALIASES),
+            MaxTokensLimiter(max_token_count=MAX_TOKENS),
             DocumentCache,
+            # Last: it sees the document once every rule has validated it.
+            Prepare,
         ],
     )
     call_directly(built)  # graphql-core calls the resolvers Strawberry would only pass through

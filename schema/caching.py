@@ -16,15 +16,22 @@ from resolvers.core.context import Context
 from schema.guard import is_introspection
 
 
+def set_cache_headers(context: Context, introspection: bool) -> None:
+    """A GET answer's `Vary` and, unless it is introspection, `Cache-Control`."""
+    request, response = context.request, context.response
+    if getattr(request, "method", None) != "GET" or response is None:
+        return
+    response.headers["Vary"] = "Authorization"
+    if not introspection:
+        response.headers["Cache-Control"] = "private, no-store"
+
+
 class CachePolicy(SchemaExtension):
     def on_operation(self) -> Iterator[None]:
         yield
         context = self.execution_context.context
-        if not isinstance(context, Context):
-            return
-        request, response = context.request, context.response
-        if getattr(request, "method", None) != "GET" or response is None:
-            return
-        response.headers["Vary"] = "Authorization"
-        if self.execution_context.graphql_document is None or not is_introspection(self.execution_context):
-            response.headers["Cache-Control"] = "private, no-store"
+        if isinstance(context, Context):
+            introspection = self.execution_context.graphql_document is not None and is_introspection(
+                self.execution_context
+            )
+            set_cache_headers(context, introspection)

@@ -223,51 +223,67 @@ def _lists(value: Any, path: str) -> Iterator[tuple[str, int]]:
 charged: ContextVar[BudgetState | None] = ContextVar("charged", default=None)
 
 
+async def refusal(
+    context: Context,
+    schema: GraphQLSchema,
+    document: Any,
+    operation_name: str | None,
+    variables: Mapping[str, Any] | None,
+    operation_type: OperationType,
+) -> GraphQLError | None:
+    """Why the operation may not run (too long a list in its variables, a cost
+    over the limit, the viewer's budget spent), or None: then its points are
+    spent (a subscription pays per event delivered instead)."""
+    variables = variables or {}
+    for name, value in variables.items():
+        for path, length in _lists(value, f"${name}"):
+            bound = LONG_LISTS.get(path.rsplit(".", 1)[-1].lstrip("$"), MAX_LIST_ITEMS)
+            if length > bound:
+                error = BadInput(f"{path} holds {length} items; at most {bound} are accepted")
+                return GraphQLError(error.message, original_error=error)
+    limit = context.services.settings.max_query_cost
+    estimated = estimate_cost(schema, document, operation_name, variables)
+    if estimated <= limit:
+        return await _charge(context, estimated, operation_type)
+    message = (
+        f"this operation could cost {estimated}, over the limit of {limit}: "
+        "ask for smaller pages (first) or fewer nested lists"
+    )
+    return GraphQLError(
+        message, extensions={"code": "BAD_USER_INPUT", "cost": {"estimated": estimated, "limit": limit}}
+    )
+
+
+async def _charge(context: Context, estimated: int, operation_type: OperationType) -> GraphQLError | None:
+    rates = context.services.rates
+    if not rates.budget.enabled or context.signed_in_error() is not None:
+        return None
+    if operation_type is OperationType.SUBSCRIPTION:
+        return None
+    try:
+        state = await rates.budget.charge(
+            f"user:{await context.viewer_id()}", max(1, estimated), context.services.now()
+        )
+    except ApiError as error:
+        return GraphQLError(error.message, extensions={"code": error.code, **error.extensions})
+    charged.set(state)
+    return None
+
+
 class QueryCost(SchemaExtension):
     async def on_execute(self) -> AsyncIterator[None]:
         execution_context = self.execution_context
         context = execution_context.context
         document = execution_context.graphql_document
         if isinstance(context, Context) and document is not None and execution_context.result is None:
-            refusal = await self._refusal(context, document)
-            if refusal is not None:
-                refuse(execution_context, refusal)
-        yield
-
-    async def _charge(self, context: Context, estimated: int) -> GraphQLError | None:
-        """Spends the operation's points of the viewer's budget; subscriptions
-        pay per event delivered instead."""
-        rates = context.services.rates
-        if not rates.budget.enabled or context.signed_in_error() is not None:
-            return None
-        if self.execution_context.operation_type is OperationType.SUBSCRIPTION:
-            return None
-        try:
-            state = await rates.budget.charge(
-                f"user:{await context.viewer_id()}", max(1, estimated), context.services.now()
+            refused = await refusal(
+                context,
+                execution_context.schema._schema,
+                document,
+                execution_context.operation_name,
+                execution_context.variables,
+                execution_context.operation_type,
             )
-        except ApiError as error:
-            return GraphQLError(error.message, extensions={"code": error.code, **error.extensions})
-        charged.set(state)
-        return None
-
-    async def _refusal(self, context: Context, document: Any) -> GraphQLError | None:
-        variables = self.execution_context.variables or {}
-        for name, value in variables.items():
-            for path, length in _lists(value, f"${name}"):
-                bound = LONG_LISTS.get(path.rsplit(".", 1)[-1].lstrip("$"), MAX_LIST_ITEMS)
-                if length > bound:
-                    error = BadInput(f"{path} holds {length} items; at most {bound} are accepted")
-                    return GraphQLError(error.message, original_error=error)
-        limit = context.services.settings.max_query_cost
-        schema = self.execution_context.schema._schema
-        estimated = estimate_cost(schema, document, self.execution_context.operation_name, variables)
-        if estimated <= limit:
-            return await self._charge(context, estimated)
-        message = (
-            f"this operation could cost {estimated}, over the limit of {limit}: "
-            "ask for smaller pages (first) or fewer nested lists"
-        )
-        return GraphQLError(
-            message, extensions={"code": "BAD_USER_INPUT", "cost": {"estimated": estimated, "limit": limit}}
-        )
+            if refused is not None:
+                refuse(execution_context, refused)
+        yield

@@ -75,12 +75,16 @@ def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
     )
 
 
+def relabel_all(result: Any, request_id: str) -> None:
+    """Every error of `result` as the client may see it."""
+    errors = getattr(result, "errors", None)
+    if errors:
+        result.errors = [to_client_error(error, request_id) for error in errors]
+
+
 class ContractErrors(SchemaExtension):
     def _relabel_all(self, result: Any) -> None:
-        errors = getattr(result, "errors", None)
-        if errors:
-            request_id = getattr(self.execution_context.context, "request_id", "-")
-            result.errors = [to_client_error(error, request_id) for error in errors]
+        relabel_all(result, getattr(self.execution_context.context, "request_id", "-"))
 
     def on_operation(self) -> Iterator[None]:
         yield

@@ -21,10 +21,10 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from graphql import OperationDefinitionNode
+from graphql import DocumentNode, OperationDefinitionNode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from strawberry.extensions import LifecycleStep, SchemaExtension
 from strawberry.extensions.tracing import OpenTelemetryExtension
@@ -123,13 +123,23 @@ def operation_type(execution_context: ExecutionContext) -> str:
 
 
 def operation_label(execution_context: ExecutionContext, metrics: Metrics) -> str:
+    return label_of(
+        metrics,
+        execution_context.operation_name,
+        execution_context.graphql_document,
+        execution_context.context,
+        execution_context.query,
+    )
+
+
+def label_of(
+    metrics: Metrics, name: str | None, document: DocumentNode | None, context: object, query: str | None
+) -> str:
     """The operation's name as a bounded label: the name of the operation the
     document holds ("anonymous" without one), "other" for a name the document
     does not hold or past the cap. Only an operation run signed in, or one of
     the trusted documents, gives a name its place: anonymous requests cannot
     fill the labels."""
-    name = execution_context.operation_name
-    document = execution_context.graphql_document
     if not name:
         return ANONYMOUS
     if document is None or not any(
@@ -137,12 +147,17 @@ def operation_label(execution_context: ExecutionContext, metrics: Metrics) -> st
         for node in document.definitions
     ):
         return OTHER
-    context = execution_context.context
     may_add = True
     if isinstance(context, Context) and context.signed_in_error() is not None:
         trusted = context.services.persisted.trusted
-        may_add = trusted is not None and trusted.lists(execution_context.query or "")
+        may_add = trusted is not None and trusted.lists(query or "")
     return metrics.operation_label(name, may_add=may_add)
+
+
+def count_errors(metrics: Metrics, label: str, errors: Sequence[Any] | None) -> None:
+    """Each error answered, by its `extensions.code`."""
+    for error in errors or ():
+        metrics.graphql_error(label, (getattr(error, "extensions", None) or {}).get("code"))
 
 
 class OperationLog(SchemaExtension):
@@ -197,10 +212,8 @@ class OperationMetrics(OperationLog):
         if not errors:
             return
         metrics, label = self._metrics_and_label()
-        if metrics is None:
-            return
-        for error in errors:
-            metrics.graphql_error(label, (getattr(error, "extensions", None) or {}).get("code"))
+        if metrics is not None:
+            count_errors(metrics, label, errors)
 
     def on_parse(self) -> Iterator[None]:
         started = time.perf_counter()

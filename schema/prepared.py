@@ -1,0 +1,210 @@
+"""Prepared operations: a document already parsed and validated runs again
+without Strawberry's per-operation machinery.
+
+For every operation Strawberry makes a fresh instance of each of the schema's
+extensions, and a context manager for each of their hooks, phase by phase;
+on `{ me { id } }` over HTTP that machinery cost more than the execution.
+Clients send a few fixed documents: once one has parsed and validated for a
+signed-in request (and asks nothing of introspection), what is left to decide
+when it comes again depends on the request alone. So a prepared document's
+next runs take the same steps the extensions take, as the same functions and
+in the same order, without the extension objects:
+
+1. fresh loaders, and the operation's name in the log context;
+2. the request counted; the cost of these variables checked, and charged to
+   the viewer's budget (`schema.cost.refusal`);
+3. graphql-core's execution, with the schema's execution context (the read
+   guard, the deadline, the turns) exactly as Strawberry calls it;
+4. every error relabelled with its contract code (`schema.errors`), counted
+   by code; a GET answer's cache headers (`schema.caching`).
+
+Anything else goes Strawberry's way: a document not yet prepared, a request
+without a valid token, a persisted query still to be stored, an operation
+type the transport does not allow, and every operation of a schema that
+traces (its spans hang on the extension hooks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+from graphql import DocumentNode, GraphQLError, GraphQLSchema, execute, validate
+from graphql import ExecutionResult as GraphQLExecutionResult
+from graphql.validation import NoSchemaIntrospectionCustomRule
+from strawberry.execution import optimized_is_awaitable
+from strawberry.extensions import SchemaExtension
+from strawberry.types import ExecutionResult
+from strawberry.types.graphql import OperationType
+from strawberry.utils.await_maybe import await_maybe
+
+from resolvers.core import logs
+from resolvers.core.context import Context
+from schema import cost
+from schema.caching import set_cache_headers
+from schema.documents import MAX_CACHED_CHARS, MAX_ENTRIES
+from schema.errors import relabel_all
+from schema.observability import count_errors, label_of
+
+RUNNABLE = (OperationType.QUERY, OperationType.MUTATION)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A document that parsed and validated, and the operation in it that a
+    request's `operationName` (or its absence) picks."""
+
+    document: DocumentNode
+    name: str | None  # the operation's own name, as the metrics and logs know it
+    operation_type: OperationType
+
+
+class PreparedOperations:
+    """Prepared operations by (document text, operationName sent), an LRU
+    bounded as the document cache is: only signed-in requests add to it, and
+    no text longer than `MAX_CACHED_CHARS`."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
+        self.max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, str | None], Prepared] = OrderedDict()
+        self.runs = 0  # operations run prepared (tests read it)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def add(self, query: str, operation_name: str | None, prepared: Prepared) -> None:
+        self._entries[query, operation_name] = prepared
+        self._entries.move_to_end((query, operation_name))
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def find(
+        self,
+        query: object,
+        operation_name: object,
+        context: object,
+        allowed: Collection[OperationType],
+    ) -> Prepared | None:
+        """The prepared operation this request may run, or None when it goes
+        Strawberry's way."""
+        if not isinstance(query, str) or not isinstance(operation_name, str | None):
+            return None
+        found = self._entries.get((query, operation_name))
+        if (
+            found is None
+            or found.operation_type not in allowed
+            or not isinstance(context, Context)
+            or context.signed_in_error() is not None
+            or query in context.documents_to_register
+        ):
+            return None
+        self._entries.move_to_end((query, operation_name))
+        return found
+
+
+class Prepare(SchemaExtension):
+    """Keeps a document that has just passed validation for a signed-in
+    request as prepared, for its next run (the schema's `prepared`, if any).
+    Introspection is never prepared: its gate and its exemption from
+    signing in are the extensions' to apply."""
+
+    def on_validate(self) -> Iterator[None]:
+        yield
+        execution_context = self.execution_context
+        table = getattr(execution_context.schema, "prepared", None)
+        document = execution_context.graphql_document
+        query = execution_context.query
+        context = execution_context.context
+        if (
+            not isinstance(table, PreparedOperations)
+            or document is None
+            or execution_context.pre_execution_errors
+            or not isinstance(query, str)
+            or len(query) > MAX_CACHED_CHARS
+            or not isinstance(context, Context)
+            or context.signed_in_error() is not None
+        ):
+            return
+        operation_type = execution_context.operation_type
+        graphql_schema: GraphQLSchema = execution_context.schema._schema
+        if operation_type not in RUNNABLE or validate(
+            graphql_schema, document, [NoSchemaIntrospectionCustomRule]
+        ):
+            return
+        # The name as the request sent it (None picks the document's only
+        # operation): what the next request is looked up by.
+        sent = getattr(execution_context, "_provided_operation_name", execution_context.operation_name)
+        table.add(
+            query,
+            sent,
+            Prepared(document, execution_context.operation_name, operation_type),
+        )
+
+
+async def run(
+    schema: Any,
+    prepared: Prepared,
+    query: str,
+    context: Context,
+    variables: dict[str, Any] | None,
+    root_value: Any,
+    operation_extensions: dict[str, Any] | None,
+    *,
+    counted: bool,
+) -> ExecutionResult:
+    """A prepared operation's run: what the schema's extensions would do
+    around its execution, in their order (`counted`: the schema counts
+    operations in its metrics)."""
+    metrics = context.services.metrics if counted and context.services.metrics.enabled else None
+    label = label_of(metrics, prepared.name, prepared.document, context, query) if metrics else ""
+    context.forget_loaders()
+    logs.set_operation(prepared.name)
+    graphql_schema: GraphQLSchema = schema._schema
+    try:
+        if metrics is not None:
+            # Neither parsed nor validated again: those phases took nothing.
+            metrics.graphql_operation(label, prepared.operation_type.value, {"parse": 0.0, "validate": 0.0})
+        started = time.perf_counter()
+        try:
+            refused = await cost.refusal(
+                context, graphql_schema, prepared.document, prepared.name, variables, prepared.operation_type
+            )
+            if refused is not None:
+                result: GraphQLExecutionResult = GraphQLExecutionResult(data=None, errors=[refused])
+            else:
+                result = await await_maybe(
+                    execute(
+                        graphql_schema,
+                        prepared.document,
+                        root_value=root_value,
+                        variable_values=variables,
+                        operation_name=prepared.name,
+                        context_value=context,
+                        is_awaitable=cast(Any, optimized_is_awaitable),
+                        executor_class=schema.execution_context_class,
+                        operation_extensions=operation_extensions,
+                    )
+                )
+        finally:
+            if metrics is not None:
+                metrics.graphql_phase_done(label, "execute", time.perf_counter() - started)
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        # As Strawberry answers what leaves an operation as an exception.
+        if metrics is not None:
+            metrics.graphql_error(label, (getattr(error, "extensions", None) or {}).get("code"))
+        coerced = error if isinstance(error, GraphQLError) else GraphQLError(str(error), original_error=error)
+        return ExecutionResult(data=None, errors=[coerced], extensions={})
+    relabel_all(result, context.request_id)
+    if metrics is not None:
+        count_errors(metrics, label, result.errors)
+    set_cache_headers(context, introspection=False)
+    return ExecutionResult(data=result.data, errors=result.errors, extensions={})
