@@ -46,9 +46,10 @@ class Subscription:
 
         async def events(charge: live.Charge) -> AsyncIterator[CapsuleUnlockedEvent]:
             stream = live.capsules_unlocked(info.context, str(after) if after is not None else None, most)
-            async for capsule, unlocked_at, event_id, share in stream:
+            async for capsule, unlocked_at, event_id, share, prime in stream:
                 if share is not None and await sent(info, sink, share, event_id, charge):
                     continue
+                prime()
                 try:
                     yield CapsuleUnlockedEvent(
                         id=strawberry.ID(event_id),

@@ -15,6 +15,7 @@ live, so there is neither a gap nor a duplicate at the seam.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections import OrderedDict
@@ -31,7 +32,7 @@ from resolvers.domain import content as content_resolvers
 from resolvers.domain.notifications import notification_id
 from store import keys
 from store.enums import NotificationType
-from store.items import Capsule, Content, Notification, iso
+from store.items import Capsule, Content, Membership, Notification, iso
 from store.port import Item, Key, SortKey, all_items, every_item
 
 log = logging.getLogger("mifamilias.live")
@@ -201,6 +202,21 @@ class Opened:
     capsule: Capsule
     note: Notification | None  # the viewer's notification of it: its public id is the event's
     share: Share
+    reads: UnlockedReads
+    viewer: str
+
+    def prime(self, ctx: Context) -> None:
+        """The subscriber's loaders hold what was read for everyone, for an
+        execution of the event's document: the capsule, its content, and this
+        subscriber's own membership (or its absence, which the rule needs too).
+        A subscriber whose class's answer is sent as its frame executes
+        nothing, and makes no loaders."""
+        for item in (self.reads.capsule, self.reads.content):
+            if item is not None:
+                ctx.loaders.remember(item)
+        ctx.loaders.item.prime(
+            keys.member(self.capsule.family_id, self.viewer), self.reads.members.get(self.viewer)
+        )
 
 
 async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str) -> Opened | None:
@@ -232,17 +248,13 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
     if shared is None:
         return None
     capsule = shared.record
-    # The payload's fields read what was shared: the capsule, its content, and
-    # this subscriber's own membership (or its absence, which the rule needs too).
-    for item in (shared.capsule, shared.content):
-        if item is not None:
-            ctx.loaders.remember(item)
-    ctx.loaders.item.prime(keys.member(capsule.family_id, viewer), shared.members.get(viewer))
-    # The one read rule decides, creator and recipients alike.
-    if not await access.may_read(ctx, capsule):
+    member = shared.members.get(viewer)
+    # The one read rule for a capsule (what `access.may_read` decides for one),
+    # from this subscriber's membership as it was read for everyone: deciding
+    # through the loaders cost more than the rest of a subscriber's delivery.
+    if not access.capsule_readable(capsule, viewer, Membership.from_item(member) if member else None):
         return None
     note = shared.notes.get(viewer)
-    member = shared.members.get(viewer)
     share = (
         "capsule",
         capsule.id,
@@ -252,7 +264,8 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
         capsule.receives(viewer),
         viewer == (shared.content or {}).get("authorId"),
     )
-    return Opened(capsule, Notification.from_item(note) if note is not None else None, share)
+    told = Notification.from_item(note) if note is not None else None
+    return Opened(capsule, told, share, shared, viewer)
 
 
 @dataclass(frozen=True)
@@ -404,10 +417,12 @@ def _capsule_event(note: Notification) -> dict[str, object]:
 
 async def capsules_unlocked(
     ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT
-) -> AsyncIterator[tuple[Capsule, str, str, Share | None]]:
-    """(capsule, unlocked at, event id, share) for every capsule the viewer may
-    read as it opens; with `after`, first those that opened since that event.
-    The event id is the public id of the viewer's notification of the opening."""
+) -> AsyncIterator[tuple[Capsule, str, str, Share | None, Callable[[], None]]]:
+    """(capsule, unlocked at, event id, share, prime) for every capsule the
+    viewer may read as it opens; with `after`, first those that opened since
+    that event. The event id is the public id of the viewer's notification of
+    the opening; `prime()` readies the viewer's loaders before the event's
+    document is executed for them (`Opened.prime`)."""
     with ctx.services.metrics.subscription("capsuleUnlocked"):
         viewer = await ctx.viewer_id()
         seen = Seen()
@@ -423,7 +438,13 @@ async def capsules_unlocked(
                         opened = await _capsule_for(ctx, _capsule_event(note), viewer)
                     if opened is not None and seen.first_time(note.id):
                         # A replay is this subscriber's alone: nothing to share.
-                        yield opened.capsule, note.created_at, notifications.public_id(note), None
+                        yield (
+                            opened.capsule,
+                            note.created_at,
+                            notifications.public_id(note),
+                            None,
+                            functools.partial(opened.prime, ctx),
+                        )
                 event = await anext(events)
                 if event.get("kind") == RESYNC_KIND:
                     replay = await place.missed(ctx)
@@ -440,7 +461,8 @@ async def capsules_unlocked(
                     told = opened.note
                     place.passed(str(event["unlockedAt"]), raw_id)
                     event_id = notifications.public_id(told) if told is not None else raw_id
-                    yield opened.capsule, str(event["unlockedAt"]), event_id, opened.share
+                    prime = functools.partial(opened.prime, ctx)
+                    yield opened.capsule, str(event["unlockedAt"]), event_id, opened.share, prime
 
 
 async def _capsule_for(ctx: Context, event: dict[str, object], viewer: str) -> Opened | None:
