@@ -238,16 +238,18 @@ class MiFamiliasSchema(strawberry.Schema):
         operation_extensions: dict[str, Any] | None = None,
     ) -> ExecutionResult:
         # Plain HTTP (and in-process callers).
+        arguments = (
+            query,
+            variable_values,
+            context_value,
+            root_value,
+            operation_name,
+            allowed_operation_types,
+            operation_extensions,
+        )
+
         def once() -> Awaitable[ExecutionResult]:
-            return self._execute_once(
-                query,
-                variable_values,
-                context_value,
-                root_value,
-                operation_name,
-                allowed_operation_types,
-                operation_extensions,
-            )
+            return self._execute_once(arguments)
 
         deadline = _deadline(context_value)
         if deadline is None:
@@ -264,50 +266,30 @@ class MiFamiliasSchema(strawberry.Schema):
         except (TimeoutError, DeadlinePassed):
             return _stopped(deadline, context_value, writes=writes)
 
-    async def _execute_once(
-        self,
-        query: str | None,
-        variable_values: dict[str, Any] | None,
-        context_value: Any | None,
-        root_value: Any | None,
-        operation_name: str | None,
-        allowed_operation_types: Iterable[OperationType] | None,
-        operation_extensions: dict[str, Any] | None,
-    ) -> ExecutionResult:
-        """One run: prepared when the document is (`schema.prepared`), else
-        Strawberry's with every extension."""
-        allowed = frozenset(allowed_operation_types or DEFAULT_ALLOWED_OPERATION_TYPES)
+    async def _execute_once(self, arguments: tuple[Any, ...]) -> ExecutionResult:
+        """One run (`arguments` as `execute` takes them): prepared when the
+        document is (`schema.prepared`), else Strawberry's with every extension."""
+        query, variables, context, root_value, operation_name, allowed, operation_extensions = arguments
         found = (
-            self.prepared.find(query, operation_name, context_value, allowed)
+            self.prepared.find(
+                query, operation_name, context, frozenset(allowed or DEFAULT_ALLOWED_OPERATION_TYPES)
+            )
             if self.prepared is not None
             else None
         )
-        if (
-            found is not None
-            and self.prepared is not None
-            and isinstance(query, str)
-            and isinstance(context_value, Context)
-        ):
+        if found is not None and self.prepared is not None and isinstance(context, Context):
             self.prepared.runs += 1
             return await prepared.run(
                 self,
                 found,
                 query,
-                context_value,
-                variable_values,
+                context,
+                variables,
                 root_value,
                 operation_extensions,
                 counted=self._counted,
             )
-        return await super().execute(
-            query,
-            variable_values,
-            context_value,
-            root_value,
-            operation_name,
-            allowed_operation_types,
-            operation_extensions,
-        )
+        return await super().execute(*arguments)
 
     async def stream(self, query: str | None, *args: Any, **kwargs: Any) -> Any:
         # WebSockets, SSE and multipart: one result for a query or mutation,
