@@ -270,25 +270,23 @@ class MiFamiliasSchema(strawberry.Schema):
         """One run (`arguments` as `execute` takes them): prepared when the
         document is (`schema.prepared`), else Strawberry's with every extension."""
         query, variables, context, root_value, operation_name, allowed, operation_extensions = arguments
-        found = (
-            self.prepared.find(
+        table = self.prepared
+        if table is not None and isinstance(context, Context):
+            found = table.find(
                 query, operation_name, context, frozenset(allowed or DEFAULT_ALLOWED_OPERATION_TYPES)
             )
-            if self.prepared is not None
-            else None
-        )
-        if found is not None and self.prepared is not None and isinstance(context, Context):
-            self.prepared.runs += 1
-            return await prepared.run(
-                self,
-                found,
-                query,
-                context,
-                variables,
-                root_value,
-                operation_extensions,
-                counted=self._counted,
-            )
+            if found is not None:
+                table.runs += 1
+                return await prepared.run(
+                    self,
+                    found,
+                    query,
+                    context,
+                    variables,
+                    root_value,
+                    operation_extensions,
+                    counted=self._counted,
+                )
         return await super().execute(*arguments)
 
     async def stream(self, query: str | None, *args: Any, **kwargs: Any) -> Any:

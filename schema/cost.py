@@ -255,6 +255,8 @@ async def refusal(
 
 
 async def _charge(context: Context, estimated: int, operation_type: OperationType) -> GraphQLError | None:
+    """Spends the operation's points of the viewer's budget; subscriptions
+    pay per event delivered instead."""
     rates = context.services.rates
     if not rates.budget.enabled or context.signed_in_error() is not None:
         return None

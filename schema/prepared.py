@@ -89,7 +89,7 @@ class PreparedOperations:
         self,
         query: object,
         operation_name: object,
-        context: object,
+        context: Context,
         allowed: Collection[OperationType],
     ) -> Prepared | None:
         """The prepared operation this request may run, or None when it goes
@@ -100,7 +100,6 @@ class PreparedOperations:
         if (
             found is None
             or found.operation_type not in allowed
-            or not isinstance(context, Context)
             or context.signed_in_error() is not None
             or query in context.documents_to_register
         ):
@@ -200,7 +199,7 @@ async def run(
     except Exception as error:
         # As Strawberry answers what leaves an operation as an exception.
         if metrics is not None:
-            metrics.graphql_error(label, (getattr(error, "extensions", None) or {}).get("code"))
+            count_errors(metrics, label, [error])
         coerced = error if isinstance(error, GraphQLError) else GraphQLError(str(error), original_error=error)
         return ExecutionResult(data=None, errors=[coerced], extensions={})
     relabel_all(result, context.request_id)
