@@ -7,7 +7,7 @@ import asyncio
 import functools
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Iterator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, cast
 
 import strawberry
 from graphql import GraphQLError
@@ -275,7 +275,7 @@ class MiFamiliasSchema(strawberry.Schema):
             found = table.find(
                 query, operation_name, context, frozenset(allowed or DEFAULT_ALLOWED_OPERATION_TYPES)
             )
-            if found is not None:
+            if found is not None and found.operation_type in prepared.RUNNABLE:
                 table.runs += 1
                 return await prepared.run(
                     self,
@@ -289,17 +289,49 @@ class MiFamiliasSchema(strawberry.Schema):
                 )
         return await super().execute(*arguments)
 
-    async def stream(self, query: str | None, *args: Any, **kwargs: Any) -> Any:
+    async def stream(
+        self,
+        query: str | None,
+        variable_values: dict[str, Any] | None = None,
+        context_value: Any | None = None,
+        root_value: Any | None = None,
+        operation_name: str | None = None,
+        operation_extensions: dict[str, Any] | None = None,
+        allowed_operation_types: Iterable[OperationType] | None = None,
+    ) -> Any:
         # WebSockets, SSE and multipart: one result for a query or mutation,
-        # events for a subscription.
-        results = await super().stream(query, *args, **kwargs)
-        context = kwargs.get("context_value", args[1] if len(args) > 1 else None)
-        deadline = _deadline(context)
-        if deadline is None or names_subscription(query, kwargs.get("operation_name")):
+        # events for a subscription (prepared when its document is).
+        table = self.prepared
+        if table is not None and isinstance(context_value, Context):
+            allowed = frozenset(allowed_operation_types or DEFAULT_ALLOWED_OPERATION_TYPES)
+            found = table.find(query, operation_name, context_value, allowed)
+            if found is not None and found.operation_type is OperationType.SUBSCRIPTION:
+                table.runs += 1
+                return prepared.stream(
+                    self,
+                    found,
+                    cast(str, query),
+                    context_value,
+                    variable_values,
+                    root_value,
+                    operation_extensions,
+                    counted=self._counted,
+                )
+        results = await super().stream(
+            query,
+            variable_values,
+            context_value,
+            root_value,
+            operation_name,
+            operation_extensions,
+            allowed_operation_types,
+        )
+        deadline = _deadline(context_value)
+        if deadline is None or names_subscription(query, operation_name):
             return results
-        writes = _writes(query, kwargs.get("operation_name"))
-        request = (query, kwargs.get("operation_name"), kwargs.get("variable_values"))
-        return _within(results, deadline, context, writes=writes, request=request)
+        writes = _writes(query, operation_name)
+        request = (query, operation_name, variable_values)
+        return _within(results, deadline, context_value, writes=writes, request=request)
 
     def create_extensions_runner(self, execution_context: Any, extensions: Any) -> Any:
         return HooksFoundOnce(execution_context=execution_context, extensions=extensions)

@@ -18,6 +18,11 @@ in the same order, without the extension objects:
 4. every error relabelled with its contract code (`schema.errors`), counted
    by code; a GET answer's cache headers (`schema.caching`).
 
+A subscription is prepared the same way (`stream`), and there it saves
+memory as well as time: Strawberry keeps an operation's extension instances,
+their hooks' generators and its exit stacks for as long as the operation
+runs, which for a subscription is the life of its socket.
+
 Anything else goes Strawberry's way: a document not yet prepared, a request
 without a valid token, a persisted query still to be stored, an operation
 type the transport does not allow, and every operation of a schema that
@@ -29,16 +34,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, cast
 
-from graphql import DocumentNode, GraphQLError, GraphQLSchema, execute, validate
+from graphql import DocumentNode, GraphQLError, GraphQLSchema, execute, subscribe, validate
 from graphql import ExecutionResult as GraphQLExecutionResult
 from graphql.validation import NoSchemaIntrospectionCustomRule
 from strawberry.execution import optimized_is_awaitable
 from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionResult
+from strawberry.types.execution import PreExecutionError
 from strawberry.types.graphql import OperationType
 from strawberry.utils.await_maybe import await_maybe
 
@@ -50,7 +57,8 @@ from schema.documents import MAX_CACHED_CHARS, MAX_ENTRIES
 from schema.errors import relabel_all
 from schema.observability import count_errors, label_of
 
-RUNNABLE = (OperationType.QUERY, OperationType.MUTATION)
+RUNNABLE = (OperationType.QUERY, OperationType.MUTATION)  # by `run`
+PREPARED = (*RUNNABLE, OperationType.SUBSCRIPTION)  # `stream` runs the last
 
 
 @dataclass(frozen=True)
@@ -133,7 +141,7 @@ class Prepare(SchemaExtension):
             return
         operation_type = execution_context.operation_type
         graphql_schema: GraphQLSchema = execution_context.schema._schema
-        if operation_type not in RUNNABLE or validate(
+        if operation_type not in PREPARED or validate(
             graphql_schema, document, [NoSchemaIntrospectionCustomRule]
         ):
             return
@@ -207,3 +215,88 @@ async def run(
         count_errors(metrics, label, result.errors)
     set_cache_headers(context, introspection=False)
     return ExecutionResult(data=result.data, errors=result.errors, extensions={})
+
+
+async def stream(
+    schema: Any,
+    prepared: Prepared,
+    query: str,
+    context: Context,
+    variables: dict[str, Any] | None,
+    root_value: Any,
+    operation_extensions: dict[str, Any] | None,
+    *,
+    counted: bool,
+) -> AsyncGenerator[ExecutionResult, None]:
+    """A prepared subscription's stream: what the extensions do around
+    Strawberry's, in their order. The stream is counted when it starts; its
+    cost is checked against the limit then, and charged per event by its
+    resolver; every result's errors are relabelled and counted. As in
+    Strawberry's stream, what graphql-core refuses before the source stream
+    exists (variables that do not coerce, a resolver's refusal) is a
+    pre-execution error, the protocol's `error` message."""
+    metrics = context.services.metrics if counted and context.services.metrics.enabled else None
+    label = label_of(metrics, prepared.name, prepared.document, context, query) if metrics else ""
+
+    def answer(result: GraphQLExecutionResult, *, before: bool = False) -> ExecutionResult:
+        relabel_all(result, context.request_id)
+        if metrics is not None:
+            count_errors(metrics, label, result.errors)
+        made = PreExecutionError if before else ExecutionResult
+        return made(data=result.data, errors=result.errors, extensions={})
+
+    def failed(error: Exception) -> ExecutionResult:
+        coerced = error if isinstance(error, GraphQLError) else GraphQLError(str(error), original_error=error)
+        return answer(GraphQLExecutionResult(data=None, errors=[coerced]))
+
+    context.forget_loaders()
+    logs.set_operation(prepared.name)
+    graphql_schema: GraphQLSchema = schema._schema
+    if metrics is not None:
+        metrics.graphql_operation(label, prepared.operation_type.value, {"parse": 0.0, "validate": 0.0})
+    try:
+        refused = await cost.refusal(
+            context, graphql_schema, prepared.document, prepared.name, variables, prepared.operation_type
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        yield failed(error)
+        return
+    if refused is not None:
+        # As the cost extension refuses it: the stream's one result, before its
+        # execution phase starts.
+        yield answer(GraphQLExecutionResult(data=None, errors=[refused]))
+        return
+    started = time.perf_counter()
+    source: AsyncIterator[GraphQLExecutionResult] | GraphQLExecutionResult
+    try:
+        source = await await_maybe(
+            subscribe(
+                graphql_schema,
+                prepared.document,
+                root_value=root_value,
+                context_value=context,
+                variable_values=variables,
+                operation_name=prepared.name,
+                executor_class=schema.execution_context_class,
+                operation_extensions=operation_extensions,
+            )
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        yield failed(error)
+        return
+    finally:
+        if metrics is not None:
+            metrics.graphql_phase_done(label, "execute", time.perf_counter() - started)
+    if isinstance(source, GraphQLExecutionResult):
+        yield answer(source, before=True)
+        return
+    try:
+        async with aclosing(cast(AsyncGenerator[GraphQLExecutionResult, None], source)) as events:
+            async for event in events:
+                yield answer(event)
+    except Exception as error:  # graphql-core does not catch what an event's execution raises
+        yield failed(error)

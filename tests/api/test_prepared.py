@@ -20,7 +20,7 @@ from schema import schema_for
 from schema.prepared import PreparedOperations
 from tests.api.conftest import Api, running_api
 from tests.api.test_limits import bypass
-from tests.factories import family_with_members
+from tests.factories import family_with_members, settle, upload
 from tests.typical_calls import VIEWERS, build_world, label, operations
 
 
@@ -170,3 +170,82 @@ async def test_a_mutation_sent_over_get_is_refused_prepared_or_not(api: Api) -> 
     assert response.status_code == 400, response.text
     assert response.json()["errors"][0]["message"] == "mutations are not allowed when using GET"
     assert table_of(api).runs == runs
+
+
+# Subscriptions ------------------------------------------------------------------------
+
+WATCH = "subscription($id: ID!) { contentStatusChanged(contentId: $id) { id type status title } }"
+WATCH_TOO_MUCH = (
+    "subscription($id: ID!, $n: Int) { contentStatusChanged(contentId: $id) { family { "
+    + " ".join(
+        f"a{n}: feed(first: $n) {{ edges {{ node {{ family {{ feed(first: $n) {{ edges {{ node {{ id }} }} }} }} }} }} }}"
+        for n in range(5)
+    )
+    + " } } }"
+)
+
+
+async def first_result(api: Api, query: str, variables: dict[str, Any], viewer: str) -> tuple[str, Any, Any]:
+    """The kind, data and errors of a subscription's first result (the status
+    now, for `contentStatusChanged`), with the stream closed after it unless it
+    ends there."""
+    from resolvers.core.context import Context
+
+    context = Context(services=api.services)
+    await context.authenticate(f"Bearer {api.token(viewer)}")
+    schema = schema_for(metrics=api.services.settings.metrics, tracing=False)
+    results = await schema.subscribe(query, variable_values=variables, context_value=context)
+    try:
+        result = await results.__anext__()
+        if result.errors:  # a refusal is the stream's one result, as a transport reads it to its end
+            assert [extra async for extra in results] == []
+    finally:
+        await results.aclose()
+    errors = [error.formatted for error in result.errors or ()]
+    for error in errors:  # the request id is each run's own
+        error.get("extensions", {}).pop("requestId", None)
+    return type(result).__name__, result.data, errors
+
+
+async def subscribed_both_ways(
+    api: Api, query: str, variables: dict[str, Any], viewer: str
+) -> tuple[Any, Any, dict[Any, float], dict[Any, float]]:
+    table = table_of(api)
+    table.clear()
+    runs = table.runs
+    before = samples(api)
+    full = await first_result(api, query, variables, viewer)
+    middle = samples(api)
+    assert table.runs == runs, "ran prepared with nothing prepared"
+    prepared = await first_result(api, query, variables, viewer)
+    assert table.runs == runs + 1, f"not run prepared: {query}"
+    return full, prepared, added(before, middle), added(middle, samples(api))
+
+
+@pytest.mark.parametrize(
+    "why",
+    ["streams", "variables", "not readable", "cost"],
+)
+async def test_a_subscription_streams_the_same_prepared(api: Api, why: str) -> None:
+    """Its first result, whether an event or a refusal (the protocol's `error`
+    message is a pre-execution error), and the metrics it leaves."""
+    family_id = await family_with_members(api, "ana", [])
+    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    query, variables = {
+        "streams": (WATCH, {"id": content_id}),
+        "variables": (WATCH, {"id": {"not": "an id"}}),
+        "not readable": (WATCH, {"id": "nothing-here"}),
+        "cost": (WATCH_TOO_MUCH, {"id": content_id, "n": 100.0}),
+    }[why]
+    await api.sign_in("ana")
+    before = await api.snapshot()
+    full, prepared, full_metrics, prepared_metrics = await subscribed_both_ways(api, query, variables, "ana")
+    if why == "streams":
+        assert full[0] == "ExecutionResult" and not full[2], full
+        assert full[1]["contentStatusChanged"]["id"] == content_id
+    else:
+        assert full[2], full
+    assert prepared == full
+    assert prepared_metrics == full_metrics
+    assert await api.snapshot() == before
