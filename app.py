@@ -49,7 +49,7 @@ from schema import schema_for
 from schema.backpressure import ConnectionHandles
 from schema.graphiql import STATIC_DIR
 from schema.observability import RequestObservability
-from schema.transport import MiFamiliasGraphQL
+from schema.transport import MiFamiliasGraphQL, SocketsToTheView
 from store import keys
 from store.port import TTL_ATTRIBUTE, NotExists, Table, any_of, eq
 
@@ -283,6 +283,7 @@ def create_app(
             )
         )
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.graphql_view = graphql
     app.state.going_away = going_away
     app.state.probed = lambda: state.probed
     return app
@@ -367,10 +368,12 @@ def _serve(settings: Settings) -> None:
     logs.configure(settings.log_format, settings.log_level)
     app = create_app(settings, process_metrics=True)
     going_away: Callable[[], Awaitable[None]] = app.state.going_away
+    view = getattr(app.state, "graphql_view", None)  # none in the benchmark's plain app
     config = uvicorn.Config(
         # Outside Starlette's own middleware: it sees the server's own `send`,
-        # so a slow client's connection can be dropped.
-        ConnectionHandles(app),
+        # so a slow client's connection can be dropped. A GraphQL socket goes
+        # to its view past Starlette's layers, each a frame held while it is open.
+        ConnectionHandles(SocketsToTheView(app, view) if view is not None else app),
         host=settings.host,
         port=settings.port,
         log_config=None,
