@@ -232,12 +232,13 @@ async def test_a_subscription_streams_the_same_prepared(api: Api, why: str) -> N
     family_id = await family_with_members(api, "ana", [])
     content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
     await settle(api)
-    query, variables = {
+    cases: dict[str, tuple[str, dict[str, Any]]] = {
         "streams": (WATCH, {"id": content_id}),
         "variables": (WATCH, {"id": {"not": "an id"}}),
         "not readable": (WATCH, {"id": "nothing-here"}),
         "cost": (WATCH_TOO_MUCH, {"id": content_id, "n": 100.0}),
-    }[why]
+    }
+    query, variables = cases[why]
     await api.sign_in("ana")
     before = await api.snapshot()
     full, prepared, full_metrics, prepared_metrics = await subscribed_both_ways(api, query, variables, "ana")
