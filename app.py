@@ -377,7 +377,7 @@ def _serve(settings: Settings) -> None:
         host=settings.host,
         port=settings.port,
         log_config=None,
-        ws=settings.ws_implementation,
+        ws=settings.websocket_implementation(),
         ws_per_message_deflate=settings.ws_deflate,
         # A WebSocket frame is bounded like a request body.
         ws_max_size=settings.max_body_bytes,

@@ -46,12 +46,19 @@ def measure(tokens: list[str], warm: list[str], data_dir: Path, processes: int, 
     return memory
 
 
-def rows_of(n: int, memory: Memory, chosen: str) -> list[Row]:
+def chosen(deflate: bool) -> str:
+    """The implementation the server runs by default with deflate as given."""
+    from resolvers.core.config import Settings
+
+    return Settings(ws_deflate=deflate).websocket_implementation()
+
+
+def rows_of(n: int, memory: Memory) -> list[Row]:
     rows = []
     for implementation in IMPLEMENTATIONS:
         for deflate, target in ((False, 45), (True, 90)):
             ours, bare = memory["graphql", implementation, deflate], memory["bare", implementation, deflate]
-            pick = implementation == chosen and not deflate
+            pick = implementation == chosen(deflate)
             rows.append(
                 Row(
                     SECTION,
@@ -69,18 +76,16 @@ def rows_of(n: int, memory: Memory, chosen: str) -> list[Row]:
 
 def run(sizes: Sizes, log_dir: Path) -> list[Row]:
     """This part within section 3 (whose `fanout.run` has seeded the people)."""
-    from resolvers.core.config import Settings
 
     n = sizes.fanout_clients
     people = [f"sub{k:05d}" for k in range(n)]
     tokens, warm = [token(p) for p in people], [token(f"warm{k}") for k in range(min(5, n))]
     memory = measure(tokens, warm, log_dir / "fanout", sizes.fanout_processes, log_dir)
-    return rows_of(n, memory, Settings.model_fields["ws_implementation"].default)
+    return rows_of(n, memory)
 
 
 def main() -> None:
     from bench.fanout import seed_people
-    from resolvers.core.config import Settings
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
     people = [f"sub{k:05d}" for k in range(n)]
@@ -95,7 +100,7 @@ def main() -> None:
             Sizes().fanout_processes,
             Path(tmp),
         )
-    for row in rows_of(n, memory, Settings.model_fields["ws_implementation"].default):
+    for row in rows_of(n, memory):
         print(" | ".join(str(cell) for cell in dataclasses.astuple(row)), flush=True)
 
 

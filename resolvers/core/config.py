@@ -90,6 +90,12 @@ def parse_smtp_url(url: str) -> SmtpTarget:
     return SmtpTarget(parts.hostname, port, tls, username, password)
 
 
+# What "auto" runs: the implementation that held an idle subscription in the least
+# server memory, with deflate off and with it on (bench section 3).
+WS_IMPLEMENTATION_WITHOUT_DEFLATE = "wsproto"
+WS_IMPLEMENTATION_WITH_DEFLATE = "websockets-sansio"
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=PREFIX, env_ignore_empty=True, frozen=True, extra="forbid")
 
@@ -132,11 +138,12 @@ class Settings(BaseSettings):
     # queue (`send_queue_frames` frames) fills, is let go (WebSocket 4408).
     slow_client_seconds: PositiveFloat = 30.0
     send_queue_frames: Annotated[int, Field(ge=1)] = 256
-    # uvicorn's WebSocket implementation and per-message deflate: the sans-I/O
-    # websockets protocol holds an idle connection in the least memory, and
-    # deflate's zlib state costs more per connection than the small frames save
-    # (bench section 3, bench/NOTES.md).
-    ws_implementation: Literal["websockets", "websockets-sansio", "wsproto"] = "websockets-sansio"
+    # uvicorn's WebSocket implementation and per-message deflate. Deflate's zlib
+    # state costs more per connection than the small frames save; "auto" takes
+    # the implementation that holds an idle connection in the least memory with
+    # deflate as set: wsproto with it off, the sans-I/O websockets protocol with
+    # it on (bench section 3, bench/NOTES.md).
+    ws_implementation: Literal["auto", "websockets", "websockets-sansio", "wsproto"] = "auto"
     ws_deflate: bool = False
     # Freeze the heap after a burst of subscriptions (resolvers/core/heap.py), so
     # full collections do not walk what live subscriptions hold.
@@ -320,6 +327,13 @@ class Settings(BaseSettings):
     @property
     def base_url(self) -> str:
         return self.public_url or f"http://{self.host}:{self.port}"
+
+    def websocket_implementation(self) -> str:
+        """The uvicorn WebSocket implementation to run (`ws_implementation`,
+        with "auto" resolved by `ws_deflate`)."""
+        if self.ws_implementation != "auto":
+            return self.ws_implementation
+        return WS_IMPLEMENTATION_WITH_DEFLATE if self.ws_deflate else WS_IMPLEMENTATION_WITHOUT_DEFLATE
 
     def resolved_auth_secret(self) -> str:
         """The HS256 secret; generated once into the data directory when unset,
