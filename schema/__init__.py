@@ -277,16 +277,8 @@ class MiFamiliasSchema(strawberry.Schema):
             )
             if found is not None and found.operation_type in prepared.RUNNABLE:
                 table.runs += 1
-                return await prepared.run(
-                    self,
-                    found,
-                    query,
-                    context,
-                    variables,
-                    root_value,
-                    operation_extensions,
-                    counted=self._counted,
-                )
+                call = prepared.Call(query, context, variables, root_value, operation_extensions)
+                return await prepared.run(self, found, call, counted=self._counted)
         return await super().execute(*arguments)
 
     async def stream(
@@ -307,16 +299,10 @@ class MiFamiliasSchema(strawberry.Schema):
             found = table.find(query, operation_name, context_value, allowed)
             if found is not None and found.operation_type is OperationType.SUBSCRIPTION:
                 table.runs += 1
-                return prepared.stream(
-                    self,
-                    found,
-                    cast(str, query),
-                    context_value,
-                    variable_values,
-                    root_value,
-                    operation_extensions,
-                    counted=self._counted,
+                call = prepared.Call(
+                    cast(str, query), context_value, variable_values, root_value, operation_extensions
                 )
+                return prepared.stream(self, found, call, counted=self._counted)
         results = await super().stream(
             query,
             variable_values,

@@ -51,6 +51,7 @@ from strawberry.utils.await_maybe import await_maybe
 
 from resolvers.core import logs
 from resolvers.core.context import Context
+from resolvers.core.metrics import Metrics
 from schema import cost
 from schema.caching import set_cache_headers
 from schema.documents import MAX_CACHED_CHARS, MAX_ENTRIES
@@ -155,29 +156,40 @@ class Prepare(SchemaExtension):
         )
 
 
-async def run(
-    schema: Any,
-    prepared: Prepared,
-    query: str,
-    context: Context,
-    variables: dict[str, Any] | None,
-    root_value: Any,
-    operation_extensions: dict[str, Any] | None,
-    *,
-    counted: bool,
-) -> ExecutionResult:
-    """A prepared operation's run: what the schema's extensions would do
-    around its execution, in their order (`counted`: the schema counts
-    operations in its metrics)."""
+@dataclass(frozen=True)
+class Call:
+    """What one request brings to a prepared operation."""
+
+    query: str
+    context: Context
+    variables: dict[str, Any] | None
+    root_value: Any
+    operation_extensions: dict[str, Any] | None
+
+
+def _begin(prepared: Prepared, call: Call, *, counted: bool) -> tuple[Metrics | None, str]:
+    """The first steps of every prepared run: fresh loaders, the operation's
+    name in the log context, the request counted (`counted`: the schema
+    counts operations in its metrics). The metrics, if counted, and the
+    operation's label in them."""
+    context = call.context
     metrics = context.services.metrics if counted and context.services.metrics.enabled else None
-    label = label_of(metrics, prepared.name, prepared.document, context, query) if metrics else ""
+    label = label_of(metrics, prepared.name, prepared.document, context, call.query) if metrics else ""
     context.forget_loaders()
     logs.set_operation(prepared.name)
+    if metrics is not None:
+        # Neither parsed nor validated again: those phases took nothing.
+        metrics.graphql_operation(label, prepared.operation_type.value, {"parse": 0.0, "validate": 0.0})
+    return metrics, label
+
+
+async def run(schema: Any, prepared: Prepared, call: Call, *, counted: bool) -> ExecutionResult:
+    """A prepared operation's run: what the schema's extensions would do
+    around its execution, in their order."""
+    metrics, label = _begin(prepared, call, counted=counted)
+    context, variables = call.context, call.variables
     graphql_schema: GraphQLSchema = schema._schema
     try:
-        if metrics is not None:
-            # Neither parsed nor validated again: those phases took nothing.
-            metrics.graphql_operation(label, prepared.operation_type.value, {"parse": 0.0, "validate": 0.0})
         started = time.perf_counter()
         try:
             refused = await cost.refusal(
@@ -190,13 +202,13 @@ async def run(
                     execute(
                         graphql_schema,
                         prepared.document,
-                        root_value=root_value,
+                        root_value=call.root_value,
                         variable_values=variables,
                         operation_name=prepared.name,
                         context_value=context,
                         is_awaitable=cast(Any, optimized_is_awaitable),
                         executor_class=schema.execution_context_class,
-                        operation_extensions=operation_extensions,
+                        operation_extensions=call.operation_extensions,
                     )
                 )
         finally:
@@ -218,15 +230,7 @@ async def run(
 
 
 async def stream(
-    schema: Any,
-    prepared: Prepared,
-    query: str,
-    context: Context,
-    variables: dict[str, Any] | None,
-    root_value: Any,
-    operation_extensions: dict[str, Any] | None,
-    *,
-    counted: bool,
+    schema: Any, prepared: Prepared, call: Call, *, counted: bool
 ) -> AsyncGenerator[ExecutionResult, None]:
     """A prepared subscription's stream: what the extensions do around
     Strawberry's, in their order. The stream is counted when it starts; its
@@ -235,8 +239,8 @@ async def stream(
     Strawberry's stream, what graphql-core refuses before the source stream
     exists (variables that do not coerce, a resolver's refusal) is a
     pre-execution error, the protocol's `error` message."""
-    metrics = context.services.metrics if counted and context.services.metrics.enabled else None
-    label = label_of(metrics, prepared.name, prepared.document, context, query) if metrics else ""
+    metrics, label = _begin(prepared, call, counted=counted)
+    context, variables = call.context, call.variables
 
     def answer(result: GraphQLExecutionResult, *, before: bool = False) -> ExecutionResult:
         relabel_all(result, context.request_id)
@@ -249,11 +253,7 @@ async def stream(
         coerced = error if isinstance(error, GraphQLError) else GraphQLError(str(error), original_error=error)
         return answer(GraphQLExecutionResult(data=None, errors=[coerced]))
 
-    context.forget_loaders()
-    logs.set_operation(prepared.name)
     graphql_schema: GraphQLSchema = schema._schema
-    if metrics is not None:
-        metrics.graphql_operation(label, prepared.operation_type.value, {"parse": 0.0, "validate": 0.0})
     try:
         refused = await cost.refusal(
             context, graphql_schema, prepared.document, prepared.name, variables, prepared.operation_type
@@ -275,12 +275,12 @@ async def stream(
             subscribe(
                 graphql_schema,
                 prepared.document,
-                root_value=root_value,
+                root_value=call.root_value,
                 context_value=context,
                 variable_values=variables,
                 operation_name=prepared.name,
                 executor_class=schema.execution_context_class,
-                operation_extensions=operation_extensions,
+                operation_extensions=call.operation_extensions,
             )
         )
     except asyncio.CancelledError:
