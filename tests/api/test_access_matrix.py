@@ -216,7 +216,15 @@ async def build_world(api: Api) -> World:
     create = """mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) { id } }"""
     schedule = "mutation($id: ID!) { scheduleCapsule(capsuleId: $id) { status } }"
 
-    async def capsule(creator: str, family: str, title: str, recipients: list[str], due: timedelta) -> str:
+    async def capsule(
+        creator: str,
+        family: str,
+        title: str,
+        recipients: list[str],
+        due: timedelta,
+        *,
+        scheduled: bool = True,
+    ) -> str:
         made = await api.ok(
             create,
             {
@@ -230,7 +238,8 @@ async def build_world(api: Api) -> World:
             as_=creator,
         )
         capsule_id = str(made["createCapsule"]["id"])
-        await api.ok(schedule, {"id": capsule_id}, as_=creator)
+        if scheduled:
+            await api.ok(schedule, {"id": capsule_id}, as_=creator)
         return capsule_id
 
     pending = await capsule(
@@ -238,6 +247,10 @@ async def build_world(api: Api) -> World:
     )
     sealed = await upload(
         api, "adm", fam_a["id"], "TEXT", b"secreto", "text/plain", world.secret("SealedAX", {"adm"}), pending
+    )
+    # A draft names its recipient, who may not know of it until it is scheduled.
+    draft = await capsule(
+        "adm", fam_a["id"], world.secret("CapDraftAX", {"adm"}), ["rcp"], timedelta(days=4), scheduled=False
     )
     opened = await capsule(
         "crm", fam_a["id"], world.secret("CapOpenAX", {"mem"}), ["rleft", "mem"], timedelta(hours=1)
@@ -251,11 +264,13 @@ async def build_world(api: Api) -> World:
     )
     world.ids |= {
         "A.cap_pending": pending,
+        "A.cap_draft": draft,
         "A.sealed": sealed,
         "A.cap_opened": opened,
         "A.opened": opened_content,
     }
     world.markers[pending] = {"adm", "rcp"}
+    world.markers[draft] = {"adm"}
     world.markers[opened] = {"mem"}
     world.markers[sealed] = {"adm"}
     # What a transcription leaves on content (its text, language, captions), so that the
