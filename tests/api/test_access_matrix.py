@@ -248,10 +248,15 @@ async def build_world(api: Api) -> World:
     sealed = await upload(
         api, "adm", fam_a["id"], "TEXT", b"secreto", "text/plain", world.secret("SealedAX", {"adm"}), pending
     )
-    # A draft names its recipient, who may not know of it until it is scheduled.
+    # A draft names its recipient, who may not know of it until it is scheduled...
     draft = await capsule(
         "adm", fam_a["id"], world.secret("CapDraftAX", {"adm"}), ["rcp"], timedelta(days=4), scheduled=False
     )
+    # So does a cancelled one.
+    cancelled = await capsule(
+        "adm", fam_a["id"], world.secret("CapCancelAX", {"adm"}), ["rcp"], timedelta(days=5)
+    )
+    await api.ok("mutation($id: ID!) { cancelCapsule(capsuleId: $id) { id } }", {"id": cancelled}, as_="adm")
     opened = await capsule(
         "crm", fam_a["id"], world.secret("CapOpenAX", {"mem"}), ["rleft", "mem"], timedelta(hours=1)
     )
@@ -265,12 +270,14 @@ async def build_world(api: Api) -> World:
     world.ids |= {
         "A.cap_pending": pending,
         "A.cap_draft": draft,
+        "A.cap_cancelled": cancelled,
         "A.sealed": sealed,
         "A.cap_opened": opened,
         "A.opened": opened_content,
     }
     world.markers[pending] = {"adm", "rcp"}
     world.markers[draft] = {"adm"}
+    world.markers[cancelled] = {"adm"}
     world.markers[opened] = {"mem"}
     world.markers[sealed] = {"adm"}
     # What a transcription leaves on content (its text, language, captions), so that the
