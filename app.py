@@ -373,7 +373,7 @@ def _serve(settings: Settings) -> None:
         # Outside Starlette's own middleware: it sees the server's own `send`,
         # so a slow client's connection can be dropped. A GraphQL socket goes
         # to its view past Starlette's layers, each a frame held while it is open.
-        ConnectionHandles(SocketsToTheView(app, view) if view is not None else app),
+        ConnectionHandles(SocketsToTheView(app, RequestObservability(view)) if view is not None else app),
         host=settings.host,
         port=settings.port,
         log_config=None,

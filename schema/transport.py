@@ -563,24 +563,21 @@ class SocketsToTheView:
     whole life (about 2.5 KB in all, measured with tracemalloc), and none of
     those layers acts on a WebSocket: the error middleware re-raises, CORS
     lets it through, the exception middleware and the router only find the
-    view. What the request middleware does for one is done here: the
-    connection's log context (`RequestObservability` traces HTTP alone)."""
+    view. `sockets` is the view inside what the request middleware does for a
+    socket (its log context: `RequestObservability`). This only picks which
+    app a connection goes to: it returns that app's coroutine rather than
+    awaiting it, so it holds no frame of its own either."""
 
-    def __init__(self, app: ASGIApp, view: ASGIApp, path: str = "/graphql") -> None:
+    def __init__(self, app: ASGIApp, sockets: ASGIApp, path: str = "/graphql") -> None:
         self.app = app
-        self.view = view
+        self.sockets = sockets
         self.path = path
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "websocket" or scope.get("path") != self.path:
-            await self.app(scope, receive, send)
-            return
-        scope["app"] = self.app  # as Starlette sets it for what it serves
-        token = logs.current.set(logs.RequestLog())
-        try:
-            await self.view(scope, receive, send)
-        finally:
-            logs.current.reset(token)
+    def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
+        if scope["type"] == "websocket" and scope.get("path") == self.path:
+            scope["app"] = self.app  # as Starlette sets it for what it serves
+            return self.sockets(scope, receive, send)
+        return self.app(scope, receive, send)
 
 
 # The view -------------------------------------------------------------------------------
