@@ -183,6 +183,11 @@ def _begin(prepared: Prepared, call: Call, *, counted: bool) -> tuple[Metrics | 
     return metrics, label
 
 
+def _coerced(error: Exception) -> GraphQLError:
+    """What leaves an operation as an exception, as Strawberry answers it."""
+    return error if isinstance(error, GraphQLError) else GraphQLError(str(error), original_error=error)
+
+
 async def run(schema: Any, prepared: Prepared, call: Call, *, counted: bool) -> ExecutionResult:
     """A prepared operation's run: what the schema's extensions would do
     around its execution, in their order."""
@@ -220,8 +225,7 @@ async def run(schema: Any, prepared: Prepared, call: Call, *, counted: bool) -> 
         # As Strawberry answers what leaves an operation as an exception.
         if metrics is not None:
             count_errors(metrics, label, [error])
-        coerced = error if isinstance(error, GraphQLError) else GraphQLError(str(error), original_error=error)
-        return ExecutionResult(data=None, errors=[coerced], extensions={})
+        return ExecutionResult(data=None, errors=[_coerced(error)], extensions={})
     relabel_all(result, context.request_id)
     if metrics is not None:
         count_errors(metrics, label, result.errors)
@@ -250,8 +254,7 @@ async def stream(
         return made(data=result.data, errors=result.errors, extensions={})
 
     def failed(error: Exception) -> ExecutionResult:
-        coerced = error if isinstance(error, GraphQLError) else GraphQLError(str(error), original_error=error)
-        return answer(GraphQLExecutionResult(data=None, errors=[coerced]))
+        return answer(GraphQLExecutionResult(data=None, errors=[_coerced(error)]))
 
     graphql_schema: GraphQLSchema = schema._schema
     try:
