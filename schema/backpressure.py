@@ -177,6 +177,16 @@ class QueuedSocket(AsyncWebSocketAdapter):
             if self._queue is not None and self._writer is None and not self._closed:
                 self._writer = asyncio.create_task(self._write(self._queue))
 
+    async def send_at_once(self, frame: str) -> None:
+        """`send_now` when the client has taken everything so far, so the
+        frame is written at once; queued for the writer otherwise. For a
+        caller that sends many sockets' frames in turn: it never waits for
+        one client, even for `slow_seconds`."""
+        if self._queue is None and not self._sending and self._buffered() == 0:
+            await self.send_now(frame)
+        else:
+            self.send_frame(frame)
+
     async def _write(self, queue: asyncio.Queue[Mapping[str, object] | str]) -> None:
         while True:
             if queue.empty():

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -53,6 +54,11 @@ class Socket(Protocol):
     async def send_frame(self, frame: str) -> None:
         """Sends an encoded text frame, never holding anything shared while
         the client takes it (`schema.backpressure`)."""
+        ...
+
+    async def send_frame_at_once(self, frame: str) -> None:
+        """Sends an encoded text frame if the client takes it at once, or
+        queues it: a caller sending to many sockets in turn waits for none."""
         ...
 
 
@@ -110,12 +116,15 @@ class FrameSink:
     """One subscription operation on a WebSocket whose events may leave as
     their class's shared frame."""
 
-    __slots__ = ("_leading", "_prefix", "_target", "plan", "variables")
+    __slots__ = ("_counted", "_leading", "_prefix", "_target", "plan", "variables")
 
-    def __init__(self, found: Target, plan: Plan, variables: dict[str, Any]) -> None:
+    def __init__(
+        self, found: Target, plan: Plan, variables: dict[str, Any], counted: Callable[[], None]
+    ) -> None:
         self._target = found
         self.plan = plan
         self.variables = variables_key(variables)
+        self._counted = counted  # one frame sent as its class's
         operation_id = orjson.dumps(found.operation_id).decode()
         self._prefix = f'{{"id":{operation_id},"type":"{found.message_type}","payload":'
         self._leading: Hashable | None = None
@@ -128,22 +137,49 @@ class FrameSink:
         if shared is None:
             self._leading = key
             return False
+        encoded = await self._encoded(key, shared)
+        if encoded is None:
+            return False
+        await charge()
+        found = self._target
+        if found.socket.live(found.operation_id):  # (stopped meanwhile: nobody to send it to)
+            await found.socket.send_frame(self._prefix + encoded.payload(event_id) + "}")
+        self._counted()
+        return True
+
+    def led(self, share: Hashable) -> bool:
+        """Whether the event's class has a lead, whose result its fellows take."""
+        return SHARED.peek(class_key(self.plan, self.variables, share)) is not None
+
+    async def send_shared(self, share: Hashable, event_id: str) -> bool:
+        """`sent` for a caller sending many subscribers' frames in turn (an
+        opening's turn, `resolvers.processes.live`), where no budget is charged:
+        it waits for the class's result, never for the client. False when the
+        class has no lead yet, or its result is not one to share."""
+        key = class_key(self.plan, self.variables, share)
+        shared = SHARED.peek(key)
+        if shared is None:
+            return False
+        encoded = await self._encoded(key, shared)
+        if encoded is None:
+            return False
+        found = self._target
+        if found.socket.live(found.operation_id):
+            await found.socket.send_frame_at_once(self._prefix + encoded.payload(event_id) + "}")
+        self._counted()
+        return True
+
+    async def _encoded(self, key: Hashable, shared: asyncio.Future[ExecutionResult | None]) -> Encoded | None:
+        """The class's result encoded, or None when each must run its own."""
         try:
             # Shielded: a fellow stopped while it waits leaves the result to the others.
             result = await asyncio.shield(shared)
         except Exception:
-            return False  # the lead's execution failed: each runs its own
+            return None  # the lead's execution failed
         if result is None or result.errors or result.data is None:
-            return False  # each runs its own: errors name paths and may be one's own
+            return None  # errors name paths and may be one's own
         encoded = _encoded_for(key, result, self.plan)
-        if not encoded.usable:
-            return False
-        await charge()
-        found = self._target
-        if not found.socket.live(found.operation_id):
-            return True  # stopped meanwhile: nobody to send it to
-        await found.socket.send_frame(self._prefix + encoded.payload(event_id) + "}")
-        return True
+        return encoded if encoded.usable else None
 
     def done(self) -> None:
         """After an event delivered the ordinary way: a lead that started no
@@ -167,4 +203,5 @@ def sink_for(info: Any) -> FrameSink | None:
     # A dict of coerced values where the source stream is created; graphql-core's
     # `VariableValues` (the same values, `.coerced`) where an event executes.
     variables = raw.variable_values
-    return FrameSink(found, plan, getattr(variables, "coerced", variables))
+    counted = functools.partial(info.context.services.metrics.shared_frame, info.field_name)
+    return FrameSink(found, plan, getattr(variables, "coerced", variables), counted)

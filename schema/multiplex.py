@@ -222,6 +222,12 @@ class SharedResults:
         self._results[key] = (now + self.TTL_SECONDS, future, False)
         return None
 
+    def peek(self, key: Hashable) -> asyncio.Future[ExecutionResult | None] | None:
+        """The result `key`'s class has or waits for, if it is led; None
+        otherwise (and, unlike `lead`, nobody is made its lead)."""
+        found = self._found(key, time.monotonic())
+        return None if found is None else found[1]
+
     def release(self, key: Hashable) -> None:
         """Lets go of a lead that started no execution: its fellows are told
         (None) and the next event of the class starts afresh."""

@@ -21,13 +21,10 @@ from schema.notification import Notification
 
 
 async def sent(
-    info: Info, sink: frames.FrameSink | None, share: Hashable, event_id: str | None, charge: live.Charge
+    sink: frames.FrameSink | None, share: Hashable, event_id: str | None, charge: live.Charge
 ) -> bool:
     """Whether the event went out as its class's shared frame."""
-    if sink is None or not await sink.sent(share, event_id, charge):
-        return False
-    info.context.services.metrics.shared_frame(info.field_name)
-    return True
+    return sink is not None and await sink.sent(share, event_id, charge)
 
 
 @strawberry.type
@@ -45,9 +42,11 @@ class Subscription:
         sink = frames.sink_for(info)
 
         async def events(charge: live.Charge) -> AsyncIterator[CapsuleUnlockedEvent]:
-            stream = live.capsules_unlocked(info.context, str(after) if after is not None else None, most)
+            stream = live.capsules_unlocked(
+                info.context, str(after) if after is not None else None, most, frames=sink
+            )
             async for capsule, unlocked_at, event_id, share, prime in stream:
-                if share is not None and await sent(info, sink, share, event_id, charge):
+                if share is not None and await sent(sink, share, event_id, charge):
                     continue
                 prime()
                 try:
@@ -90,7 +89,7 @@ class Subscription:
 
         async def events(charge: live.Charge) -> AsyncIterator[Content]:
             async for content, share in live.content_status(info.context, str(content_id)):
-                if share is not None and await sent(info, sink, share, None, charge):
+                if share is not None and await sent(sink, share, None, charge):
                     continue
                 try:
                     yield Content(item=content, share=share)

@@ -413,6 +413,10 @@ class _Guarded:
         queued: backpressure.QueuedSocket = self.websocket
         await queued.send_now(frame)
 
+    async def send_frame_at_once(self, frame: str) -> None:
+        queued: backpressure.QueuedSocket = self.websocket
+        await queued.send_at_once(frame)
+
 
 class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None]):
     """graphql-transport-ws: a refused sign-in, or an expired token, closes with

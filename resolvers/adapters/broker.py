@@ -18,7 +18,7 @@ from typing import Protocol
 from resolvers.core.errors import Unavailable
 from resolvers.core.heap import SubscriptionHeap
 from resolvers.core.metrics import Metrics
-from resolvers.core.ports import Event, EventBus
+from resolvers.core.ports import Event, EventBus, Receiver
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +103,9 @@ class _Fanout:
                     woken += 1
                     if woken % DELIVERY_SLICE == 0:
                         await asyncio.sleep(0)
+                    if queue.offered(event):
+                        delivered += 1
+                        continue
                     try:
                         queue.put_nowait(event)
                         delivered += 1
@@ -131,8 +134,8 @@ class _Fanout:
             self.deliver_soon(channel, RESYNC)
 
     @contextlib.asynccontextmanager
-    async def listen(self, channel: str) -> AsyncIterator[Inbox]:
-        queue = Inbox(QUEUE_LIMIT)
+    async def listen(self, channel: str, receiver: Receiver | None = None) -> AsyncIterator[Inbox]:
+        queue = Inbox(QUEUE_LIMIT, receiver)
         self.queues[channel].add(queue)
         self.heap.started()
         try:
@@ -151,15 +154,48 @@ class Inbox:
 
     Thousands of subscribers sit idle for hours, each with an inbox: an
     asyncio.Queue holds four deques (about 3 KB) from its start, this holds
-    its events only while it has some, and a future only while it waits."""
+    its events only while it has some, and a future only while it waits.
 
-    __slots__ = ("_events", "_waiter", "fell_behind", "limit")
+    An event that comes while the stream waits, with nothing before it, is
+    offered to the subscriber's `receiver` first; one it takes leaves the
+    inbox `held` until the receiver releases it, and whatever comes meanwhile
+    waits behind it, so the stream sees its events in order either way."""
 
-    def __init__(self, limit: int) -> None:
+    __slots__ = ("_events", "_waiter", "fell_behind", "held", "limit", "receiver")
+
+    def __init__(self, limit: int, receiver: Receiver | None = None) -> None:
         self.limit = limit
+        self.receiver = receiver
         self.fell_behind = False
+        self.held = False
         self._events: deque[Event] | None = None
         self._waiter: asyncio.Future[None] | None = None
+
+    def offered(self, event: Event) -> bool:
+        """Whether the receiver took `event` (the stream is waiting, and
+        nothing is ahead of it)."""
+        if (
+            self.receiver is None
+            or self.held
+            or self._events
+            or self._waiter is None
+            or self._waiter.done()
+            or not self.receiver.offer(event, self)
+        ):
+            return False
+        self.held = True
+        return True
+
+    def release(self, event: Event | None = None) -> None:
+        """Lets the stream go on, with `event` (one the receiver gave back) first."""
+        if not self.held:
+            return
+        self.held = False
+        if event is not None:
+            if self._events is None:
+                self._events = deque()
+            self._events.appendleft(event)
+        self._wake()
 
     def put_nowait(self, event: Event) -> None:
         """Raises asyncio.QueueFull when `limit` events wait already."""
@@ -168,16 +204,21 @@ class Inbox:
         elif len(self._events) >= self.limit:
             raise asyncio.QueueFull
         self._events.append(event)
-        if self._waiter is not None and not self._waiter.done():
+        if not self.held:
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._events and self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     async def get(self) -> Event:
-        while not self._events:
+        while self.held or not self._events:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
+        assert self._events is not None
         event = self._events.popleft()
         if not self._events:
             self._events = None
@@ -210,8 +251,10 @@ class InProcessBroker:
             await self.publish(channel, event)
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:
-        async with self._fanout.listen(channel) as queue:
+    async def subscribe(
+        self, channel: str, receiver: Receiver | None = None
+    ) -> AsyncIterator[AsyncIterator[Event]]:
+        async with self._fanout.listen(channel, receiver) as queue:
             yield _drain(queue)
 
     def subscriber_count(self, channel: str) -> int:
@@ -313,8 +356,10 @@ class RedisBroker:
             self._fanout.deliver_soon(channel, json.loads(message["data"]))
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[Event]]:
-        async with self._fanout.listen(channel) as queue:
+    async def subscribe(
+        self, channel: str, receiver: Receiver | None = None
+    ) -> AsyncIterator[AsyncIterator[Event]]:
+        async with self._fanout.listen(channel, receiver) as queue:
             async with self._lock:
                 if len(self._fanout.queues[channel]) == 1:
                     try:

@@ -32,6 +32,25 @@ T = TypeVar("T")
 Event = dict[str, Any]
 
 
+class Held(Protocol):
+    """A subscriber's inbox while something other than its own stream has an
+    event of it in hand: what comes meanwhile waits behind that event."""
+
+    def release(self, event: Event | None = None) -> None:
+        """Lets the stream go on; with `event`, that event is its next."""
+
+
+class Receiver(Protocol):
+    """A subscriber whose events may be taken in hand before its own stream
+    wakes (`resolvers.processes.live.Openings`: one turn for every subscriber
+    an opening wakes)."""
+
+    def offer(self, event: Event, inbox: Held) -> bool:
+        """Whether it took `event`: it then holds `inbox` until it calls
+        `inbox.release`, and the stream sees nothing of it meanwhile."""
+        ...
+
+
 class EventBus(Protocol):
     """Publishing and subscribing by channel (the broker, to a request)."""
 
@@ -40,7 +59,12 @@ class EventBus(Protocol):
     async def publish_many(self, events: Sequence[tuple[str, Event]]) -> None:
         """Publishes in one go: one round trip to Redis for a whole unlock."""
 
-    def subscribe(self, channel: str) -> contextlib.AbstractAsyncContextManager[AsyncIterator[Event]]: ...
+    def subscribe(
+        self, channel: str, receiver: Receiver | None = None
+    ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[Event]]:
+        """The channel's events, in order. With a `receiver`, an event that
+        comes while the subscriber waits for one is offered to it first."""
+        ...
 
     def publish_failed(self) -> None:
         """A publish did not get out: the local streams re-read from the table."""
@@ -74,6 +98,13 @@ class SharedReads(Protocol):
     def slots(self) -> asyncio.Semaphore: ...
 
     async def read(self, key: tuple[str, ...], load: Callable[[], Awaitable[T]]) -> T: ...
+
+    def gathering(self, key: tuple[str, ...], start: Callable[[], T]) -> T:
+        """The one gathering open for `key` (`start()` opens it), until `closed(key)`:
+        what an event's subscribers in this process have in hand together."""
+        ...
+
+    def closed(self, key: tuple[str, ...]) -> None: ...
 
 
 class WebPushKey(Protocol):

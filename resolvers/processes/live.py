@@ -21,12 +21,12 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 from resolvers.adapters.broker import RESYNC, content_channel, user_channel
 from resolvers.core.context import Context, utc_now
 from resolvers.core.errors import BadInput, NotFound
-from resolvers.core.ports import EventBus, SharedReads
+from resolvers.core.ports import Event, EventBus, Held, SharedReads
 from resolvers.domain import access, notifications
 from resolvers.domain import content as content_resolvers
 from resolvers.domain.notifications import notification_id
@@ -176,7 +176,17 @@ class EventReads:
 
     def __init__(self) -> None:
         self._reads: dict[tuple[str, ...], tuple[float, asyncio.Future[Any]]] = {}
+        self._gatherings: dict[tuple[str, ...], object] = {}
         self.slots = asyncio.Semaphore(self.SLOTS)
+
+    def gathering(self, key: tuple[str, ...], start: Callable[[], T]) -> T:
+        found = self._gatherings.get(key)
+        if found is None:
+            found = self._gatherings[key] = start()
+        return cast(T, found)
+
+    def closed(self, key: tuple[str, ...]) -> None:
+        self._gatherings.pop(key, None)
 
     async def read(self, key: tuple[str, ...], load: Callable[[], Awaitable[T]]) -> T:
         """What `load` answers, read once for every caller with the same `key`
@@ -225,6 +235,12 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
     capsule_id, unlocked_at = str(event["capsuleId"]), str(event["unlockedAt"])
     if not keys.usable_id(capsule_id) or not keys.usable_id(unlocked_at):
         return None
+    shared = await _unlocked_reads(ctx, capsule_id, unlocked_at)
+    return None if shared is None else _opened(shared, unlocked_at, viewer)
+
+
+async def _unlocked_reads(ctx: Context, capsule_id: str, unlocked_at: str) -> UnlockedReads | None:
+    """What an opening's subscribers read, once for all of them in this process."""
 
     async def load() -> UnlockedReads | None:
         capsule = await ctx.table.get(keys.capsule(capsule_id))
@@ -244,9 +260,11 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
         notes = {item["userId"]: item for item in found.values() if item.get("type") == "Notification"}
         return UnlockedReads(capsule, Capsule.from_item(capsule), content, members, notes)
 
-    shared = await _event_reads(ctx).read(("capsule", capsule_id, unlocked_at), load)
-    if shared is None:
-        return None
+    return await _event_reads(ctx).read(("capsule", capsule_id, unlocked_at), load)
+
+
+def _opened(shared: UnlockedReads, unlocked_at: str, viewer: str) -> Opened | None:
+    """The opening as this viewer receives it, decided from what was read for everyone."""
     capsule = shared.record
     member = shared.members.get(viewer)
     # The one read rule for a capsule (what `access.may_read` decides for one),
@@ -415,19 +433,135 @@ def _capsule_event(note: Notification) -> dict[str, object]:
     return {"kind": "capsule", "capsuleId": note.capsule_id, "unlockedAt": note.created_at}
 
 
+class ClassFrames(Protocol):
+    """How a subscriber's event leaves as its class's frame, encoded once
+    (`schema.frames`): the class is what `Share` and the document make it."""
+
+    def led(self, share: Share) -> bool:
+        """Whether the event's class has a lead (its result is, or will be, there)."""
+        ...
+
+    async def send_shared(self, share: Share, event_id: str) -> bool:
+        """Sends the class's frame with this subscriber's ids, waiting for the
+        class's result but never for the client; False when the event must
+        take the subscriber's ordinary way."""
+        ...
+
+
+class _Opening:
+    """Every subscriber in this process whose stream waited when one capsule's
+    opening woke it, in one turn: the opening is read once, and each
+    subscriber's part is decided from that read and sent as its class's frame
+    by this turn's task, in order, a slice at a time, without waking the
+    thousand streams. Whatever a subscriber's part cannot be done here (it
+    leads its class, or the class's result is not one to share) goes back to
+    its own stream, first in its inbox: the ordinary way."""
+
+    def __init__(self, ctx: Context, key: tuple[str, str, str]) -> None:
+        self.key = key
+        self.members: list[tuple[_OpeningReceiver, Held]] = []
+        self.task = asyncio.get_running_loop().create_task(self._run(ctx))
+
+    async def _run(self, ctx: Context) -> None:
+        _, capsule_id, unlocked_at = self.key
+        event: Event = {"kind": "capsule", "capsuleId": capsule_id, "unlockedAt": unlocked_at}
+        done = 0
+        try:
+            try:
+                async with _slot(ctx):
+                    shared = await _unlocked_reads(ctx, capsule_id, unlocked_at)
+            except Exception:
+                # Each stream reads for itself, and logs what failed.
+                shared = _FAILED
+            while done < len(self.members):
+                receiver, inbox = self.members[done]
+                done += 1
+                if shared is _FAILED:
+                    inbox.release(event)
+                elif await receiver.deliver(shared, event, inbox) or done % DELIVERY_SLICE == 0:
+                    # A lead given back runs first, so its fellows find their class led.
+                    await asyncio.sleep(0)
+        finally:
+            _event_reads(ctx).closed(self.key)
+            for _, inbox in self.members[done:]:
+                inbox.release(event)
+
+
+_FAILED: Any = object()
+DELIVERY_SLICE = 64  # subscribers an opening's turn sends to before it lets others run
+
+
+class _OpeningReceiver:
+    """A capsuleUnlocked stream's part in an `_Opening`: what its own loop does
+    for a live opening (the read rule, the seen ids, its place), done from the
+    opening's turn. Only where no budget is charged per event: a charge is a
+    write, and one turn would make them one after another."""
+
+    __slots__ = ("ctx", "frames", "place", "seen", "viewer")
+
+    def __init__(self, ctx: Context, viewer: str, seen: Seen, place: Place, frames: ClassFrames) -> None:
+        self.ctx = ctx
+        self.viewer = viewer
+        self.seen = seen
+        self.place = place
+        self.frames = frames
+
+    def offer(self, event: Event, inbox: Held) -> bool:
+        if event.get("kind") != "capsule" or self.ctx.services.rates.budget.enabled:
+            return False
+        capsule_id, unlocked_at = str(event["capsuleId"]), str(event["unlockedAt"])
+        if not keys.usable_id(capsule_id) or not keys.usable_id(unlocked_at):
+            return False
+        opening = _event_reads(self.ctx).gathering(
+            ("opening", capsule_id, unlocked_at),
+            lambda: _Opening(self.ctx, ("opening", capsule_id, unlocked_at)),
+        )
+        opening.members.append((self, inbox))
+        return True
+
+    async def deliver(self, shared: UnlockedReads | None, event: Event, inbox: Held) -> bool:
+        """Does the stream's part; True when the event went back to the stream
+        to lead its class."""
+        given_back: Event | None = event
+        try:
+            opened = None if shared is None else _opened(shared, str(event["unlockedAt"]), self.viewer)
+            if opened is None:
+                given_back = None  # nothing for this viewer, as the stream would decide
+                return False
+            told = opened.note
+            # The note was read by this id: no need to hash it again.
+            raw_id = told.id if told is not None else capsule_event_id(opened.capsule.id, self.viewer)
+            if raw_id in self.seen:
+                given_back = None
+                return False
+            if not self.frames.led(opened.share):
+                return True
+            event_id = notifications.public_id(told) if told is not None else raw_id
+            if await self.frames.send_shared(opened.share, event_id):
+                given_back = None
+                self.seen.first_time(raw_id)
+                self.place.passed(str(event["unlockedAt"]), raw_id)
+            return False
+        finally:
+            inbox.release(given_back)
+
+
 async def capsules_unlocked(
-    ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT
+    ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT, frames: ClassFrames | None = None
 ) -> AsyncIterator[tuple[Capsule, str, str, Share | None, Callable[[], None]]]:
     """(capsule, unlocked at, event id, share, prime) for every capsule the
     viewer may read as it opens; with `after`, first those that opened since
     that event. The event id is the public id of the viewer's notification of
     the opening; `prime()` readies the viewer's loaders before the event's
-    document is executed for them (`Opened.prime`)."""
+    document is executed for them (`Opened.prime`). With `frames`, a live
+    opening that comes while the stream waits may be sent as its class's frame
+    from the opening's turn (`_Opening`), and never yielded here."""
     with ctx.services.metrics.subscription("capsuleUnlocked"):
         viewer = await ctx.viewer_id()
         seen = Seen()
         place = Place(viewer)
-        async with _broker(ctx).subscribe(user_channel(viewer, "capsules")) as events:
+        receiver = _OpeningReceiver(ctx, viewer, seen, place, frames) if frames is not None else None
+        async with _broker(ctx).subscribe(user_channel(viewer, "capsules"), receiver) as events:
             replay = await _notifications_after(ctx, viewer, after, most) if after is not None else []
             while True:
                 for note in replay:

@@ -252,3 +252,85 @@ def test_a_class_frame_takes_each_event_id_and_no_text_that_spells_its_stand_in(
         }
     spelled = {"opened": {"id": "x", "again": "x", "capsule": {"title": _EVENT_ID}}}
     assert not Encoded(ExecutionResult(data=spelled), plan).usable  # that one goes the ordinary way
+
+
+async def stopped(pending: dict[str, asyncio.Future[Any]]) -> None:
+    for task in pending.values():
+        task.cancel()
+    await asyncio.gather(*pending.values(), return_exceptions=True)
+
+
+class ClassFramesSeen:
+    """Stands for each subscriber's WebSocket frames (`schema.frames`): the
+    first to ask about a class is told it has no lead (so it leads, the
+    ordinary way), the others that it has; each frame sent is noted."""
+
+    def __init__(self, viewer: str, asked: set[Any], sent: list[tuple[str, str]]) -> None:
+        self.viewer = viewer
+        self.asked = asked
+        self.sent = sent
+
+    def led(self, share: Any) -> bool:
+        if share in self.asked:
+            return True
+        self.asked.add(share)
+        return False
+
+    async def send_shared(self, share: Any, event_id: str) -> bool:
+        self.sent.append((self.viewer, event_id))
+        return True
+
+
+async def test_an_opening_is_sent_in_one_turn_to_every_waiting_subscriber_but_its_lead(api: Api) -> None:
+    """The subscribers an opening wakes while they wait are taken in one turn:
+    one is given the event back and leads its class through its own stream,
+    the others' frames are sent from the turn with their own event ids; a
+    member who does not receive the capsule gets nothing, and the same opening
+    published again is sent to nobody twice."""
+    from resolvers.adapters.broker import user_channel
+    from resolvers.processes import live
+
+    family_id = await family_with_members(api, "ana", ["ben", "cai", "dora", "eli"])
+    recipients = ["ben", "cai", "dora"]
+    capsule_id = await opened_capsule(api, family_id, recipients)
+    asked: set[Any] = set()
+    sent: list[tuple[str, str]] = []
+    viewers = [*recipients, "eli"]
+    async with contextlib.AsyncExitStack() as stack:
+        streams = {}
+        for viewer in viewers:
+            context = Context(services=api.services)
+            await context.authenticate(f"Bearer {api.token(viewer)}")
+            events = live.capsules_unlocked(context, frames=ClassFramesSeen(viewer, asked, sent))
+            stack.push_async_callback(events.aclose)  # type: ignore[attr-defined]
+            streams[viewer] = events
+        pending = {viewer: asyncio.ensure_future(anext(events)) for viewer, events in streams.items()}
+        stack.push_async_callback(stopped, pending)
+        await listening(api, viewers)
+        api.clock.advance(minutes=6)
+        assert (await api.services.scheduler.run_once()).unlocked == 1
+        await until(lambda: len(sent) == 2, lambda: f"two frames from the turn, {sent}", interval=0)
+        [lead] = [viewer for viewer, task in pending.items() if task.done()]
+        capsule, _, lead_event_id, share, _ = pending[lead].result()
+        assert capsule.id == capsule_id and share is not None
+        # The same opening again (a recovery pass publishes at least once).
+        again = {"kind": "capsule", "capsuleId": capsule_id, "unlockedAt": capsule.unlocked_at}
+        pending[lead] = asyncio.ensure_future(anext(streams[lead]))
+        for viewer in viewers:
+            await api.services.broker.publish(user_channel(viewer, "capsules"), dict(again))
+        sentinel = await opened_capsule(api, family_id, recipients)
+        api.clock.advance(minutes=6)
+        assert (await api.services.scheduler.run_once()).unlocked == 1
+        await until(lambda: len(sent) == 4, lambda: f"the sentinel's two frames, {sent}", interval=0)
+        assert not pending["eli"].done()
+    notes = {}
+    for viewer in recipients:
+        found = await api.ok("{ notifications { edges { node { id capsule { id } } } } }", as_=viewer)
+        notes[viewer] = {e["node"]["capsule"]["id"]: e["node"]["id"] for e in found["notifications"]["edges"]}
+    assert lead_event_id == notes[lead][capsule_id]
+    turn = [(viewer, event_id) for viewer, event_id in sent[:2]]
+    assert sorted(turn) == sorted(
+        (viewer, notes[viewer][capsule_id]) for viewer in recipients if viewer != lead
+    )
+    # The second opening's turn: the first capsule's again was sent to nobody.
+    assert {event_id for _, event_id in sent[2:]} <= {notes[v][sentinel] for v in recipients}

@@ -171,3 +171,48 @@ async def test_delivery_to_many_subscribers_lets_the_loop_serve_others() -> None
         assert len(woken) <= 1000  # others ran after a slice, not after all ten thousand
         # Every subscriber, both events, in order.
         assert [await reader for reader in readers] == [[1, 2]] * 10_000
+
+
+class Taking:
+    """Takes the events marked `take`, and notes the inbox it then holds."""
+
+    def __init__(self) -> None:
+        self.taken: list[dict[str, Any]] = []
+        self.held: list[Any] = []
+
+    def offer(self, event: dict[str, Any], inbox: Any) -> bool:
+        if not event.get("take"):
+            return False
+        self.taken.append(event)
+        self.held.append(inbox)
+        return True
+
+
+async def test_a_receiver_takes_an_event_only_while_its_stream_waits_and_what_comes_meanwhile_waits_behind(
+    brokers: tuple[Broker, Broker],
+) -> None:
+    here, there = brokers
+    channel = f"user:{uuid.uuid4().hex}"
+    receiver = Taking()
+    async with here.subscribe(channel, receiver) as events:
+        await listening(brokers, channel, 1)
+        # Offered only while the stream waits: one that does not is queued.
+        [inbox] = here._fanout.queues[channel]  # type: ignore[attr-defined]
+        await there.publish(channel, {"n": 0, "take": True})
+        await until(lambda: inbox._events, "the event queued", 10, interval=0)
+        assert receiver.taken == []
+        assert await anext(events) == {"n": 0, "take": True}
+        waiting = asyncio.ensure_future(anext(events))
+        await there.publish(channel, {"n": 1, "take": True})
+        await until(lambda: receiver.taken, "the offer", 10, interval=0)
+        # While it is held, nothing is offered and nothing reaches the stream.
+        await there.publish(channel, {"n": 2, "take": True})
+        await there.publish(channel, {"n": 3})
+        assert receiver.held == [inbox]
+        await until(lambda: len(inbox._events or ()) == 2, "both queued behind", 10, interval=0)
+        assert not waiting.done()
+        assert receiver.taken == [{"n": 1, "take": True}]
+        inbox.release({"n": 1, "given back": True})
+        assert await waiting == {"n": 1, "given back": True}
+        assert await anext(events) == {"n": 2, "take": True}
+        assert await anext(events) == {"n": 3}
