@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -254,7 +254,7 @@ def test_a_class_frame_takes_each_event_id_and_no_text_that_spells_its_stand_in(
     assert not Encoded(ExecutionResult(data=spelled), plan).usable  # that one goes the ordinary way
 
 
-async def stopped(pending: dict[str, asyncio.Future[Any]]) -> None:
+async def stopped(pending: Mapping[str, asyncio.Future[Any]]) -> None:
     for task in pending.values():
         task.cancel()
     await asyncio.gather(*pending.values(), return_exceptions=True)
