@@ -478,7 +478,15 @@ class _Opening:
                 done += 1
                 if shared is _FAILED:
                     inbox.release(event)
-                elif await receiver.deliver(shared, event, inbox) or done % DELIVERY_SLICE == 0:
+                    continue
+                try:
+                    leads = await receiver.deliver(shared, event, inbox)
+                except Exception:
+                    # Given back (`deliver` releases it with the event): its own
+                    # stream tries the ordinary way; the others go on here.
+                    log.exception("could not send the opening of capsule %s from its turn", capsule_id)
+                    leads = False
+                if leads or done % DELIVERY_SLICE == 0:
                     # A lead given back runs first, so its fellows find their class led.
                     await asyncio.sleep(0)
         finally:

@@ -281,6 +281,20 @@ class ClassFramesSeen:
         return True
 
 
+class FirstWriteFails(ClassFramesSeen):
+    """The first frame the turn writes, to whichever subscriber, fails."""
+
+    def __init__(self, viewer: str, asked: set[Any], sent: list[tuple[str, str]], failed: list[str]) -> None:
+        super().__init__(viewer, asked, sent)
+        self.failed = failed
+
+    async def send_shared(self, share: Any, event_id: str) -> bool:
+        if not self.failed:
+            self.failed.append(self.viewer)
+            raise RuntimeError("the socket failed")
+        return await super().send_shared(share, event_id)
+
+
 async def test_an_opening_is_sent_in_one_turn_to_every_waiting_subscriber_but_its_lead(api: Api) -> None:
     """The subscribers an opening wakes while they wait are taken in one turn:
     one is given the event back and leads its class through its own stream,
@@ -334,3 +348,39 @@ async def test_an_opening_is_sent_in_one_turn_to_every_waiting_subscriber_but_it
     )
     # The second opening's turn: the first capsule's again was sent to nobody.
     assert {event_id for _, event_id in sent[2:]} <= {notes[v][sentinel] for v in recipients}
+
+
+async def test_a_frame_the_turn_cannot_send_goes_back_to_its_own_stream(api: Api) -> None:
+    """One subscriber's failed write does not stop the turn: that subscriber's
+    stream gets the opening the ordinary way, the one after it its frame."""
+    from resolvers.processes import live
+
+    family_id = await family_with_members(api, "ana", ["ben", "cai", "dora"])
+    recipients = ["ben", "cai", "dora"]
+    capsule_id = await opened_capsule(api, family_id, recipients)
+    asked: set[Any] = set()
+    sent: list[tuple[str, str]] = []
+    failed: list[str] = []
+    async with contextlib.AsyncExitStack() as stack:
+        streams = {}
+        for viewer in recipients:
+            context = Context(services=api.services)
+            await context.authenticate(f"Bearer {api.token(viewer)}")
+            events = live.capsules_unlocked(context, frames=FirstWriteFails(viewer, asked, sent, failed))
+            stack.push_async_callback(events.aclose)  # type: ignore[attr-defined]
+            streams[viewer] = events
+        pending = {viewer: asyncio.ensure_future(anext(events)) for viewer, events in streams.items()}
+        stack.push_async_callback(stopped, pending)
+        await listening(api, recipients)
+        api.clock.advance(minutes=6)
+        assert (await api.services.scheduler.run_once()).unlocked == 1
+        await until(
+            lambda: failed and sent, lambda: f"a failed write and a frame, {failed}, {sent}", interval=0
+        )
+        [failing] = failed
+        yielded = await asyncio.wait_for(pending[failing], 30)
+        assert yielded[0].id == capsule_id
+        # One lead through its own stream, the failed one given back, one frame from the turn.
+        led = [viewer for viewer, task in pending.items() if task.done() and viewer != failing]
+        assert len(led) == 1 and len(sent) == 1
+        assert sorted([*led, failing, sent[0][0]]) == recipients
