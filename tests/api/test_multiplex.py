@@ -260,6 +260,27 @@ async def stopped(pending: Mapping[str, asyncio.Future[Any]]) -> None:
     await asyncio.gather(*pending.values(), return_exceptions=True)
 
 
+async def opening_streams(
+    api: Api, stack: contextlib.AsyncExitStack, frames: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, asyncio.Future[Any]]]:
+    """Each viewer's capsuleUnlocked stream with its frames, waiting for its
+    next event, then the opening made in `opened_capsule` let open."""
+    from resolvers.processes import live
+
+    streams: dict[str, Any] = {}
+    for viewer, own in frames.items():
+        context = Context(services=api.services)
+        await context.authenticate(f"Bearer {api.token(viewer)}")
+        streams[viewer] = live.capsules_unlocked(context, frames=own)
+        stack.push_async_callback(streams[viewer].aclose)
+    pending = {viewer: asyncio.ensure_future(anext(events)) for viewer, events in streams.items()}
+    stack.push_async_callback(stopped, pending)
+    await listening(api, list(frames))
+    api.clock.advance(minutes=6)
+    assert (await api.services.scheduler.run_once()).unlocked == 1
+    return streams, pending
+
+
 class ClassFramesSeen:
     """Stands for each subscriber's WebSocket frames (`schema.frames`): the
     first to ask about a class is told it has no lead (so it leads, the
@@ -302,7 +323,6 @@ async def test_an_opening_is_sent_in_one_turn_to_every_waiting_subscriber_but_it
     member who does not receive the capsule gets nothing, and the same opening
     published again is sent to nobody twice."""
     from resolvers.adapters.broker import user_channel
-    from resolvers.processes import live
 
     family_id = await family_with_members(api, "ana", ["ben", "cai", "dora", "eli"])
     recipients = ["ben", "cai", "dora"]
@@ -311,18 +331,9 @@ async def test_an_opening_is_sent_in_one_turn_to_every_waiting_subscriber_but_it
     sent: list[tuple[str, str]] = []
     viewers = [*recipients, "eli"]
     async with contextlib.AsyncExitStack() as stack:
-        streams = {}
-        for viewer in viewers:
-            context = Context(services=api.services)
-            await context.authenticate(f"Bearer {api.token(viewer)}")
-            events = live.capsules_unlocked(context, frames=ClassFramesSeen(viewer, asked, sent))
-            stack.push_async_callback(events.aclose)  # type: ignore[attr-defined]
-            streams[viewer] = events
-        pending = {viewer: asyncio.ensure_future(anext(events)) for viewer, events in streams.items()}
-        stack.push_async_callback(stopped, pending)
-        await listening(api, viewers)
-        api.clock.advance(minutes=6)
-        assert (await api.services.scheduler.run_once()).unlocked == 1
+        streams, pending = await opening_streams(
+            api, stack, {viewer: ClassFramesSeen(viewer, asked, sent) for viewer in viewers}
+        )
         await until(lambda: len(sent) == 2, lambda: f"two frames from the turn, {sent}", interval=0)
         [lead] = [viewer for viewer, task in pending.items() if task.done()]
         capsule, _, lead_event_id, share, _ = pending[lead].result()
@@ -353,7 +364,6 @@ async def test_an_opening_is_sent_in_one_turn_to_every_waiting_subscriber_but_it
 async def test_a_frame_the_turn_cannot_send_goes_back_to_its_own_stream(api: Api) -> None:
     """One subscriber's failed write does not stop the turn: that subscriber's
     stream gets the opening the ordinary way, the one after it its frame."""
-    from resolvers.processes import live
 
     family_id = await family_with_members(api, "ana", ["ben", "cai", "dora"])
     recipients = ["ben", "cai", "dora"]
@@ -362,18 +372,9 @@ async def test_a_frame_the_turn_cannot_send_goes_back_to_its_own_stream(api: Api
     sent: list[tuple[str, str]] = []
     failed: list[str] = []
     async with contextlib.AsyncExitStack() as stack:
-        streams = {}
-        for viewer in recipients:
-            context = Context(services=api.services)
-            await context.authenticate(f"Bearer {api.token(viewer)}")
-            events = live.capsules_unlocked(context, frames=FirstWriteFails(viewer, asked, sent, failed))
-            stack.push_async_callback(events.aclose)  # type: ignore[attr-defined]
-            streams[viewer] = events
-        pending = {viewer: asyncio.ensure_future(anext(events)) for viewer, events in streams.items()}
-        stack.push_async_callback(stopped, pending)
-        await listening(api, recipients)
-        api.clock.advance(minutes=6)
-        assert (await api.services.scheduler.run_once()).unlocked == 1
+        _, pending = await opening_streams(
+            api, stack, {viewer: FirstWriteFails(viewer, asked, sent, failed) for viewer in recipients}
+        )
         await until(
             lambda: failed and sent, lambda: f"a failed write and a frame, {failed}, {sent}", interval=0
         )
