@@ -142,32 +142,34 @@ class FrameSink:
             return False
         await charge()
         found = self._target
-        if found.socket.live(found.operation_id):  # (stopped meanwhile: nobody to send it to)
-            await found.socket.send_frame(self._prefix + encoded.payload(event_id) + "}")
-        self._counted()
+        await self._send(encoded, event_id, found.socket.send_frame)
         return True
 
-    def led(self, share: Hashable) -> bool:
-        """Whether the event's class has a lead, whose result its fellows take."""
-        return SHARED.peek(class_key(self.plan, self.variables, share)) is not None
-
-    async def send_shared(self, share: Hashable, event_id: str) -> bool:
+    async def send_shared(self, share: Hashable, event_id: str) -> bool | None:
         """`sent` for a caller sending many subscribers' frames in turn (an
         opening's turn, `resolvers.processes.live`), where no budget is charged:
-        it waits for the class's result, never for the client. False when the
-        class has no lead yet, or its result is not one to share."""
+        it waits for the class's result, never for the client. None when the
+        class has no lead yet (nobody is made one); False when its result is
+        not one to share."""
         key = class_key(self.plan, self.variables, share)
         shared = SHARED.peek(key)
         if shared is None:
-            return False
+            return None
         encoded = await self._encoded(key, shared)
         if encoded is None:
             return False
+        await self._send(encoded, event_id, self._target.socket.send_frame_at_once)
+        return True
+
+    async def _send(
+        self, encoded: Encoded, event_id: str | None, send: Callable[[str], Awaitable[None]]
+    ) -> None:
+        """The class's frame with this operation's ids, unless it stopped
+        meanwhile (nobody to send it to); counted either way."""
         found = self._target
         if found.socket.live(found.operation_id):
-            await found.socket.send_frame_at_once(self._prefix + encoded.payload(event_id) + "}")
+            await send(self._prefix + encoded.payload(event_id) + "}")
         self._counted()
-        return True
 
     async def _encoded(self, key: Hashable, shared: asyncio.Future[ExecutionResult | None]) -> Encoded | None:
         """The class's result encoded, or None when each must run its own."""

@@ -42,7 +42,7 @@ class Held(Protocol):
 
 class Receiver(Protocol):
     """A subscriber whose events may be taken in hand before its own stream
-    wakes (`resolvers.processes.live.Openings`: one turn for every subscriber
+    wakes (`resolvers.processes.live._Opening`: one turn for every subscriber
     an opening wakes)."""
 
     def offer(self, event: Event, inbox: Held) -> bool:

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar, cast
 
-from resolvers.adapters.broker import RESYNC, content_channel, user_channel
+from resolvers.adapters.broker import DELIVERY_SLICE, RESYNC, content_channel, user_channel
 from resolvers.core.context import Context, utc_now
 from resolvers.core.errors import BadInput, NotFound
 from resolvers.core.ports import Event, EventBus, Held, SharedReads
@@ -437,14 +437,10 @@ class ClassFrames(Protocol):
     """How a subscriber's event leaves as its class's frame, encoded once
     (`schema.frames`): the class is what `Share` and the document make it."""
 
-    def led(self, share: Share) -> bool:
-        """Whether the event's class has a lead (its result is, or will be, there)."""
-        ...
-
-    async def send_shared(self, share: Share, event_id: str) -> bool:
+    async def send_shared(self, share: Share, event_id: str) -> bool | None:
         """Sends the class's frame with this subscriber's ids, waiting for the
-        class's result but never for the client; False when the event must
-        take the subscriber's ordinary way."""
+        class's result but never for the client. None when the class has no
+        lead yet; False when the event must take the subscriber's ordinary way."""
         ...
 
 
@@ -496,7 +492,6 @@ class _Opening:
 
 
 _FAILED: Any = object()
-DELIVERY_SLICE = 64  # subscribers an opening's turn sends to before it lets others run
 
 
 class _OpeningReceiver:
@@ -542,10 +537,11 @@ class _OpeningReceiver:
             if raw_id in self.seen:
                 given_back = None
                 return False
-            if not self.frames.led(opened.share):
-                return True
             event_id = notifications.public_id(told) if told is not None else raw_id
-            if await self.frames.send_shared(opened.share, event_id):
+            sent = await self.frames.send_shared(opened.share, event_id)
+            if sent is None:
+                return True  # its own stream leads the class
+            if sent:
                 given_back = None
                 self.seen.first_time(raw_id)
                 self.place.passed(str(event["unlockedAt"]), raw_id)

@@ -291,13 +291,10 @@ class ClassFramesSeen:
         self.asked = asked
         self.sent = sent
 
-    def led(self, share: Any) -> bool:
-        if share in self.asked:
-            return True
-        self.asked.add(share)
-        return False
-
-    async def send_shared(self, share: Any, event_id: str) -> bool:
+    async def send_shared(self, share: Any, event_id: str) -> bool | None:
+        if share not in self.asked:
+            self.asked.add(share)
+            return None
         self.sent.append((self.viewer, event_id))
         return True
 
@@ -309,8 +306,8 @@ class FirstWriteFails(ClassFramesSeen):
         super().__init__(viewer, asked, sent)
         self.failed = failed
 
-    async def send_shared(self, share: Any, event_id: str) -> bool:
-        if not self.failed:
+    async def send_shared(self, share: Any, event_id: str) -> bool | None:
+        if share in self.asked and not self.failed:
             self.failed.append(self.viewer)
             raise RuntimeError("the socket failed")
         return await super().send_shared(share, event_id)
