@@ -491,8 +491,8 @@ class Notification(Record):
         if self.push_pending:
             gsi1pk, gsi1sk = keys.push_outbox_gsi1(self.created_at, self.user_id, self.id)
             found.update({"GSI1PK": gsi1pk, "GSI1SK": gsi1sk})
-        # A capsule opening is the mailer's outbox item too: written by the
-        # unlock's own transaction, so it exists exactly when the unlock does.
+        # A capsule opening is the mailer's outbox item too. The unlock writes
+        # it just before the capsule opens, so the mailer waits for the opening.
         if self.type == NotificationType.CAPSULE_UNLOCKED:
             gsi2pk, gsi2sk = keys.mail_outbox_gsi2(self.created_at, self.user_id, self.id)
             found.update({"GSI2PK": gsi2pk, "GSI2SK": gsi2sk})

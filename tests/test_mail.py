@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from email import policy
 from email.message import EmailMessage
@@ -20,11 +20,13 @@ import httpx
 import pytest
 from aiosmtpd.controller import Controller
 
+from resolvers.core import leases
 from resolvers.core.auth import mint_token
 from resolvers.core.config import ConfigError, Settings, SmtpTarget, parse_smtp_url
 from resolvers.domain import mail
 from resolvers.processes.mailer import Mailer, MailPass
 from store import keys
+from store.port import StoreError, WriteOp, op_key
 from tests.api.conftest import Api, running_api
 from tests.factories import family_with_members, settle, upload
 from tests.servers import SECRET, ServerProcess, engine_env, free_port, until
@@ -229,6 +231,45 @@ async def test_a_capsule_opening_is_mailed_once_to_each_recipient_who_chose_it(
     assert (await api.table.query(keys.MAIL_OUTBOX_PK, index="GSI2")).items == []
     assert (await other.run_once()).sent == 0
     assert len(inbox.everything()) == 1
+
+
+async def test_an_opening_claimed_before_its_capsule_opens_is_mailed_once_it_has(
+    mail_api: tuple[Api, Inbox],
+) -> None:
+    api, inbox = mail_api
+    family_id = await family_with_members(api, "ana", ["ben"])
+    await prefer(api, "ben", "CAPSULES")
+    capsule_id = await capsule(api, "ana", family_id, ["ben"], SEALED_TITLE, SEALED_BODY)
+    api.clock.advance(days=1, seconds=1)
+    # The opening stops after its notes are written, before the capsule opens:
+    # the mailer can claim a note in that window.
+    table, transact = api.table, api.table.transact
+
+    async def stops_before_opening(ops: Sequence[WriteOp]) -> None:
+        if any(op_key(op) == keys.capsule(capsule_id) for op in ops):
+            raise StoreError("the process is slow here")
+        await transact(ops)
+
+    table.transact = stops_before_opening  # type: ignore[method-assign]
+    try:
+        assert (await api.services.scheduler.run_once()).unlocked == 0
+    finally:
+        del table.transact
+    done = await mailer(api).run_once()
+    # ana, its creator, chose no email: skipped. ben's is handed back, its claim
+    # not counted, and not due again at once.
+    assert (done.sent, done.skipped, done.failed) == (0, 1, 0) and inbox.everything() == []
+    (waiting,) = (await table.query(keys.MAIL_OUTBOX_PK, index="GSI2")).items
+    assert waiting["userId"] == "ben"
+    assert leases.attempts(waiting) == 0 and not leases.is_live(waiting, api.clock())
+    assert (await mailer(api).openings.run_due()) == 0
+
+    assert (await api.services.scheduler.run_once()).unlocked == 1
+    api.clock.advance(seconds=mail.OPENING_WAIT.total_seconds())
+    assert (await mailer(api).run_once()).sent == 1
+    (message,) = inbox.to("ben@example.org")
+    assert "Cápsula de ana" in str(message["Subject"])
+    assert (await table.query(keys.MAIL_OUTBOX_PK, index="GSI2")).items == []
 
 
 INVITE = """mutation($i: CreateInviteInput!) { createInvite(input: $i) { id code } }"""

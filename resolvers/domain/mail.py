@@ -48,6 +48,7 @@ from store.items import (
 from store.port import (
     Condition,
     ConditionFailed,
+    Item,
     Key,
     NotExists,
     SortKey,
@@ -63,6 +64,11 @@ from store.port import (
 # mailed: mail turned on (or back on) later must not flood anyone with old news.
 STALE_AFTER = timedelta(days=3)
 MAX_ATTEMPTS = 5
+# An opening's notes are written just before its capsule opens, so the mailer can
+# claim one while the capsule is still UNLOCKING: its email is handed back for
+# this long, its claim not counted, instead of being skipped for good.
+OPENING_WAIT = timedelta(seconds=5)
+RETRY_AT = "mailRetryAt"
 # A digest reaches back at most this far, whatever was missed before.
 MAX_LOOKBACK = timedelta(days=31)
 # Digest markers are kept this long after their period (then the table's TTL).
@@ -282,6 +288,8 @@ def invitation_message(
 class InvitationMail:
     message: EmailMessage | None
     reason: str = ""
+    # Nothing to send yet: the capsule is still opening.
+    wait: bool = False
 
 
 async def invitation_mail(
@@ -321,13 +329,35 @@ async def settle_outbox(table: Table, key: Key, owner: str, state: str, now: dat
             Update(
                 key,
                 set={"mailState": state, "mailSettledAt": iso(now), **leases.CLEARED},
-                remove=["GSI2PK", "GSI2SK"],
+                remove=["GSI2PK", "GSI2SK", RETRY_AT],
                 condition=leases.held_by(owner),
             )
         )
     except ConditionFailed:
         return False
     return True
+
+
+async def hand_back_until(table: Table, key: Key, owner: str, until: datetime) -> bool:
+    """Hands a claimed email back, not due before `until`; the claim is not
+    counted as an attempt (nothing was tried). False when the lease was lost."""
+    try:
+        await table.update(
+            Update(
+                key,
+                set={RETRY_AT: iso(until), **leases.CLEARED},
+                add={leases.ATTEMPTS: -1},
+                condition=leases.held_by(owner),
+            )
+        )
+    except ConditionFailed:
+        return False
+    return True
+
+
+def not_waiting(item: Item, now: datetime) -> bool:
+    """An email of the outbox is due unless it was handed back until later."""
+    return str(item.get(RETRY_AT) or "") <= iso(now)
 
 
 @dataclass(frozen=True)
@@ -337,6 +367,8 @@ class CapsuleMail:
 
     message: EmailMessage | None
     reason: str = ""
+    # Nothing to send yet: the capsule is still opening.
+    wait: bool = False
 
 
 async def capsule_mail(table: Table, head: Letterhead, note: Notification, now: datetime) -> CapsuleMail:
@@ -362,6 +394,8 @@ async def capsule_mail(table: Table, head: Letterhead, note: Notification, now: 
     # may read the family and once the capsule is open.
     if user.id not in capsule.recipient_ids:
         return CapsuleMail(None, "not a recipient")
+    if capsule.status == CapsuleStatus.UNLOCKING:
+        return CapsuleMail(None, "still opening", wait=True)
     if member is None or member.get("role") not in READERS or capsule.status not in OPENED:
         return CapsuleMail(None, "not readable")
     more = await table.batch_get([keys.family(capsule.family_id), keys.user(capsule.creator_id)])

@@ -6,6 +6,8 @@ One pass:
 1. The outbox (GSI2 `MAIL_OUTBOX`): each capsule opening's notification is
    claimed under a lease (`resolvers.processes.leased`), then sent or skipped,
    then marked and taken out of the outbox (a write conditioned on the lease).
+   A note claimed while its capsule is still opening is handed back for a few
+   seconds instead: it is written just before the capsule opens.
 2. Invitations (GSI2 `INVITE_MAIL_OUTBOX`): each invite made with an email,
    leased, sent (or skipped) and settled the same way.
 3. Each digest kind (DAILY, WEEKLY): the people due (GSI2 `EMAIL_DIGEST#<kind>`,
@@ -39,7 +41,13 @@ from store.port import Table
 
 log = logging.getLogger("mifamilias.mailer")
 
-OUTBOX = LeaseSpec("mail", recover_from=keys.MAIL_OUTBOX_PK, claimable=mail.UNSENT, count_attempts=True)
+OUTBOX = LeaseSpec(
+    "mail",
+    recover_from=keys.MAIL_OUTBOX_PK,
+    claimable=mail.UNSENT,
+    count_attempts=True,
+    due=mail.not_waiting,
+)
 INVITATIONS = LeaseSpec(
     "invitation", recover_from=keys.INVITE_MAIL_OUTBOX_PK, claimable=mail.UNSENT, count_attempts=True
 )
@@ -123,6 +131,9 @@ class Mailer:
             log.exception("mail: could not prepare the capsule email to %s; retried later", note.user_id)
             done.failed += 1
             return  # the lease runs out and a later pass tries again
+        if found.wait:
+            await mail.hand_back_until(self.table, key, self.owner, self.clock() + mail.OPENING_WAIT)
+            return
         if found.message is None:
             await mail.settle_outbox(self.table, key, self.owner, MailState.SKIPPED, self.clock())
             done.skipped += 1
