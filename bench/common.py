@@ -36,7 +36,9 @@ VIEWER = "ben"
 
 @dataclass(frozen=True)
 class Sizes:
-    exec_rounds: int = 7
+    # Fifteen: the median of seven rounds moved from 1.12 to 1.23 between
+    # back-to-back runs of the same code (other tenants of the VM).
+    exec_rounds: int = 15
     exec_iterations: int = 60
     http_rounds: int = 5
     http_seconds: float = 5.0
