@@ -229,7 +229,13 @@ class QueuedSocket(AsyncWebSocketAdapter):
                 return
         self._closed = True
         self._stop_writer()
-        await self.inner.close(code, reason)
+        try:
+            await self.inner.close(code, reason)
+        except WebSocketDisconnect:
+            # The client closed first (a graphql-ws client sends
+            # connection_terminate and its close frame at once): the close was
+            # answered already, and nothing is left to close.
+            return
 
     def _stop_writer(self) -> None:
         if self._writer is not None and self._writer is not asyncio.current_task():

@@ -194,6 +194,35 @@ async def test_a_second_connection_init_on_graphql_ws_closes_the_socket(server: 
     assert await socket.closed() == (4429, "Too many initialisation requests")
 
 
+async def open_sockets(server: ServerProcess, protocol: Subprotocol) -> float:
+    """The server's count of open WebSockets of `protocol` (its /metrics)."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{server.url}/metrics")).text
+    prefix = f'mifamilias_websocket_connections{{protocol="{protocol}"}}'
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+async def test_a_graphql_ws_client_that_terminates_and_closes_at_once_is_let_go_quietly(
+    server: ServerProcess,
+) -> None:
+    socket = await connect(server, LEGACY_WS, bearer("kai"))
+    assert (await socket.receive())["type"] == "connection_ack"
+    # As gql's client leaves: connection_terminate, then its close frame at once.
+    # Written together, the server has read the close (and answered it) before
+    # it handles the terminate, whose own close then finds the socket closed.
+    protocol = socket.connection.protocol
+    protocol.send_text(json.dumps({"type": "connection_terminate"}).encode())
+    protocol.send_close(1000)
+    socket.connection.transport.write(b"".join(protocol.data_to_send()))
+
+    async def ended() -> bool:
+        return await open_sockets(server, LEGACY_WS) == 0
+
+    # The handler's count drops after its last step; a traceback would be logged by then.
+    await until(ended, "the socket's handler to end")
+    no_traceback(server)
+
+
 # WebSockets: keep-alives and queries over the legacy protocol -----------------------------
 
 
