@@ -288,8 +288,6 @@ def invitation_message(
 class InvitationMail:
     message: EmailMessage | None
     reason: str = ""
-    # Nothing to send yet: the capsule is still opening.
-    wait: bool = False
 
 
 async def invitation_mail(
