@@ -283,16 +283,24 @@ async def until(
         await asyncio.sleep(interval)
 
 
+async def metric_total(server: ServerProcess, name: str, **labels: str) -> float:
+    """The sum of the server's `name` samples (its /metrics) whose labels include `labels`."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient() as client:
+        page = (await client.get(f"{server.url}/metrics")).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
 async def subscriptions_running(servers: Sequence[ServerProcess], name: str, count: int) -> bool:
     """Whether at least `count` `name` subscriptions run on these servers (their /metrics)."""
-    import httpx
-
-    prefix = f'mifamilias_subscriptions_active{{subscription="{name}"}}'
     total = 0.0
-    async with httpx.AsyncClient() as client:
-        for server in servers:
-            text = (await client.get(f"{server.url}/metrics")).text
-            total += sum(
-                float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix)
-            )
+    for server in servers:
+        total += await metric_total(server, "mifamilias_subscriptions_active", subscription=name)
     return total >= count

@@ -22,7 +22,7 @@ from websockets.typing import Subprotocol
 
 from resolvers.core.auth import mint_token
 from tests import media_factory
-from tests.servers import SECRET, ServerProcess, until
+from tests.servers import SECRET, ServerProcess, metric_total, until
 
 
 def token(user: str) -> str:
@@ -292,17 +292,7 @@ async def test_capsule_unlocks_over_websocket_once(live_server: ServerProcess) -
 
 
 async def shared_frames(server: ServerProcess) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with httpx.AsyncClient() as client:
-        page = (await client.get(f"{server.url}/metrics")).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(page)
-        for sample in family.samples
-        if sample.name == "mifamilias_events_shared_frames_total"
-        and sample.labels.get("subscription") == "capsuleUnlocked"
-    )
+    return await metric_total(server, "mifamilias_events_shared_frames_total", subscription="capsuleUnlocked")
 
 
 async def test_alike_subscribers_get_their_class_frame_encoded_once(live_server: ServerProcess) -> None:

@@ -23,7 +23,7 @@ from resolvers.core.auth import mint_token
 from resolvers.core.config import Settings
 from store.sqlite import SqliteTable
 from tests.factories import capsule_rows, family_rows
-from tests.servers import SECRET, ServerProcess, subscriptions_running, until
+from tests.servers import SECRET, ServerProcess, metric_total, subscriptions_running, until
 
 SLOW_SECONDS = 3.0
 SLOW, NORMAL = 60, 30
@@ -95,10 +95,7 @@ async def close_code(connection: Any) -> int | None:
 
 
 async def slow_clients_closed(server: ServerProcess) -> float:
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"{server.url}/metrics")).text
-    prefix = "mifamilias_slow_clients_closed_total{"
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+    return await metric_total(server, "mifamilias_slow_clients_closed_total")
 
 
 @dataclass

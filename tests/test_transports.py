@@ -24,7 +24,7 @@ from gql.transport.websockets import WebsocketsTransport
 from websockets.typing import Subprotocol
 
 from resolvers.core.auth import mint_token
-from tests.servers import SECRET, ServerProcess, until
+from tests.servers import SECRET, ServerProcess, metric_total, until
 from tests.test_live import make_family, upload
 
 TRANSPORT_WS = Subprotocol("graphql-transport-ws")
@@ -194,14 +194,6 @@ async def test_a_second_connection_init_on_graphql_ws_closes_the_socket(server: 
     assert await socket.closed() == (4429, "Too many initialisation requests")
 
 
-async def open_sockets(server: ServerProcess, protocol: Subprotocol) -> float:
-    """The server's count of open WebSockets of `protocol` (its /metrics)."""
-    async with httpx.AsyncClient() as client:
-        text = (await client.get(f"{server.url}/metrics")).text
-    prefix = f'mifamilias_websocket_connections{{protocol="{protocol}"}}'
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
-
-
 async def test_a_graphql_ws_client_that_terminates_and_closes_at_once_is_let_go_quietly(
     server: ServerProcess,
 ) -> None:
@@ -216,7 +208,7 @@ async def test_a_graphql_ws_client_that_terminates_and_closes_at_once_is_let_go_
     socket.connection.transport.write(b"".join(protocol.data_to_send()))
 
     async def ended() -> bool:
-        return await open_sockets(server, LEGACY_WS) == 0
+        return await metric_total(server, "mifamilias_websocket_connections", protocol=LEGACY_WS) == 0
 
     # The handler's count drops after its last step; a traceback would be logged by then.
     await until(ended, "the socket's handler to end")
