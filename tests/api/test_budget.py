@@ -17,6 +17,8 @@ from tests.api.conftest import Api, running_api
 from tests.api.test_resume import NOTES, note_for, stream
 from tests.factories import family_with_members
 
+pytestmark = pytest.mark.usefixtures("turns_without_time")
+
 BUDGET = 10
 # `me` and `rateLimit` are one object each: 2 points.
 ME = "{ me { id } rateLimit { limit cost used remaining resetAt } }"

@@ -11,6 +11,8 @@ import pytest
 from tests.api.conftest import Api, running_api
 from tests.factories import family_with_members, settle, upload
 
+pytestmark = pytest.mark.usefixtures("turns_without_time")
+
 # Limits before anything runs, counted through the port --------------------------------------
 
 

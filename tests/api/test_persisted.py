@@ -18,6 +18,8 @@ from resolvers.core.persisted import TTL
 from store import keys
 from tests.api.conftest import Api, dump, running_api
 
+pytestmark = pytest.mark.usefixtures("turns_without_time")
+
 ME = "query Me { me { id } }"
 TYPENAME = "{ __typename }"
 INTROSPECTION = "{ __schema { queryType { name } } }"

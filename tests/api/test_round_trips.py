@@ -8,11 +8,15 @@ and `EXPECTED` does not fails the test until it gets a row."""
 
 from __future__ import annotations
 
+import pytest
+
 from schema import schema
 from tests.api.conftest import Api
 from tests.counting import CountingTable
 from tests.factories import join, make_family, settle, upload
 from tests.typical_calls import VIEWERS, build_world, label, only_the_request, operations, schema_operations
+
+pytestmark = pytest.mark.usefixtures("turns_without_time")
 
 LATENCY = 0.02
 MOST_ROUND_TRIPS = 3

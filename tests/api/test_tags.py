@@ -14,6 +14,8 @@ from resolvers.domain import tags as tag_resolvers
 from tests.api.conftest import Api
 from tests.factories import family_with_members
 
+pytestmark = pytest.mark.usefixtures("turns_without_time")
+
 SET_TAGS = """mutation($c: ID!, $v: [String!]!, $s: String, $p: Boolean) {
   setTags(contentId: $c, values: $v, setName: $s, private: $p) {
     value setName mimeType createdAt author { id } content { id }

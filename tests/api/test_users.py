@@ -5,10 +5,13 @@ from __future__ import annotations
 import time
 
 import jwt
+import pytest
 
 from tests.api.conftest import Api
 from tests.factories import family_with_members
 from tests.servers import SECRET
+
+pytestmark = pytest.mark.usefixtures("turns_without_time")
 
 ME = "{ me { id email givenName familyName profileImageUrl onboardingComplete createdAt } }"
 
