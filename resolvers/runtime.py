@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from resolvers.adapters import webpush
+from resolvers.adapters import media, webpush
 from resolvers.adapters.broker import Broker, InProcessBroker, RedisBroker
 from resolvers.adapters.budget import RedisBudgetCounter
 from resolvers.adapters.sns import SnsPush
@@ -234,6 +234,9 @@ async def compose(
         stack.push_async_callback(broker.close)
     blobs = await _open_blobs(settings, stack, local_blobs)
     transcriber = await _open_transcriber(settings, stack, blobs)
+    # The photo processes go with the app, after the pipeline that feeds them has
+    # stopped: a stopped server leaves none of them behind.
+    stack.callback(media.close_photo_pool)
     pipeline = Pipeline(
         table=table,
         blobs=blobs,

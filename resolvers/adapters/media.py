@@ -23,6 +23,7 @@ import contextlib
 import functools
 import json
 import multiprocessing
+import os
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -260,9 +261,17 @@ def _probe_target() -> Callable[[str, Any], None]:
     return probing.probe_child
 
 
+def _probe_with_server(server: int, target: Callable[[str, Any], None], path: str, answer: Any) -> None:
+    """The probe's child: ends with the server, then probes."""
+    probing.die_with(server)
+    target(path, answer)
+
+
 def _start_probe_child(path: Path, answer: Any) -> Any:
     """Starts the probe's child (blocking: it talks to the forkserver); returns it."""
-    process = _forkserver().Process(target=_probe_target(), args=(str(path), answer), daemon=True)
+    process = _forkserver().Process(
+        target=_probe_with_server, args=(os.getpid(), _probe_target(), str(path), answer), daemon=True
+    )
     process.start()
     return process
 
@@ -741,13 +750,16 @@ def _photo_pool() -> concurrent.futures.ProcessPoolExecutor:
         mp_context=_forkserver(),
         max_tasks_per_child=1,
         initializer=_start_photo_worker,
+        initargs=(os.getpid(),),
     )
 
 
-def _start_photo_worker() -> None:
-    """Each photo process reads HEIF/HEIC too (iPhone photos). pillow-heif applies the
-    file's own rotation while decoding and sets the EXIF orientation it hands on to 1, so
-    ``ImageOps.exif_transpose`` turns such a photo only once."""
+def _start_photo_worker(server: int) -> None:
+    """Each photo process ends with the server (`server`, its pid), and reads HEIF/HEIC
+    too (iPhone photos). pillow-heif applies the file's own rotation while decoding and
+    sets the EXIF orientation it hands on to 1, so ``ImageOps.exif_transpose`` turns such
+    a photo only once."""
+    probing.die_with(server)
     import pillow_heif
 
     pillow_heif.register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)

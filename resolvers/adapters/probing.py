@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from av.container import InputContainer
     from av.video.stream import VideoStream
 
-__all__ = ["EXIT_UNREADABLE", "ProbeFields", "is_image_format", "probe_child", "probe_file"]
+__all__ = ["EXIT_UNREADABLE", "ProbeFields", "die_with", "is_image_format", "probe_child", "probe_file"]
 
 EXIT_UNREADABLE = 2
 MEMORY_LIMIT_BYTES = 1 << 30
@@ -142,6 +142,49 @@ def _probed(path: str) -> tuple[int, str, str]:
         return 0, json.dumps(probe_file(path)), ""
     except av.FFmpegError as exc:
         return EXIT_UNREADABLE, "", str(exc)
+
+
+def die_with(pid: int) -> None:
+    """Ends this process as soon as process `pid` (the server) ends, from a watching thread.
+
+    A child of the forkserver is not the server's child, so the kernel's parent-death
+    signal cannot tie it to the server, and the forkserver itself stays up while any of
+    its children does (each holds its liveness pipe): without this, a SIGKILLed server
+    leaves its forkserver, its resource tracker and its idle photo processes for good.
+    """
+    import os
+    import select
+    import threading
+    import time
+
+    try:
+        handle = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)  # it is gone already
+    except OSError:
+        handle = -1  # no pidfd on this kernel: look once a second instead
+
+    def watch() -> None:
+        if handle >= 0:
+            select.select([handle], [], [])
+        else:
+            while _alive(pid):
+                time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-server", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def probe_child(path: str, answer: Connection) -> None:
