@@ -16,7 +16,8 @@ import pytest
 from store.dynamodb import create_table, open_dynamo_table
 from store.port import Table
 from store.sqlite import SqliteTable
-from tests.servers import SECRET, RedisProcess, ServerProcess, redis_answers, running_moto_server
+from tests.leftovers import lives_for_the_session
+from tests.servers import SECRET, RedisProcess, ServerProcess, moto_server_process
 
 AWS_REGION = "us-east-1"
 
@@ -70,8 +71,9 @@ def no_token_in_logs() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def moto_server(aws_env: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One moto_server for the whole session."""
-    with running_moto_server(tmp_path_factory.mktemp("moto")) as url:
+    """One moto_server for the whole session (for each parallel worker)."""
+    with moto_server_process(tmp_path_factory.mktemp("moto")) as (url, process):
+        lives_for_the_session(process.pid)
         yield url
 
 
@@ -90,14 +92,11 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Redis: the configured one when it answers, else one started here."""
-    import os
-
-    configured = os.environ.get("MIFAMILIAS_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    if redis_answers(configured):
-        yield configured
-        return
+    """A real Redis of this test process's own: parallel workers never share a
+    channel or a counter (pub/sub channels span every database of one server)."""
     redis = RedisProcess(tmp_path_factory.mktemp("redis")).start()
+    assert redis.process is not None
+    lives_for_the_session(redis.process.pid)
     try:
         yield redis.url
     finally:

@@ -27,6 +27,9 @@ class CountingTable:
         self.calls: Counter[str] = Counter()
         self.round_trips = 0
         self._answered_depth = 0
+        # Bumped by each reset: a call that started before it (background work still
+        # in flight, on a slow machine) is not counted and moves no depth after it.
+        self._generation = 0
         # (round trip, call, what it touched) of every call since the last reset,
         # so a failing count can say which call came in which round.
         self.trace: list[tuple[int, str, str]] = []
@@ -36,6 +39,7 @@ class CountingTable:
         return sum(self.calls.values())
 
     def reset(self) -> None:
+        self._generation += 1
         self.calls.clear()
         self.round_trips = 0
         self._answered_depth = 0
@@ -55,12 +59,14 @@ class CountingTable:
         if len(self.trace) < TRACE_LIMIT:  # the bench runs long without a reset
             self.trace.append((depth, name, what))
         self.round_trips = max(self.round_trips, depth)
+        generation = self._generation
         try:
             if self.latency:
                 await asyncio.sleep(self.latency)
             return await call()
         finally:
-            self._answered_depth = max(self._answered_depth, depth)
+            if generation == self._generation:
+                self._answered_depth = max(self._answered_depth, depth)
 
     async def get(self, key: Key) -> Item | None:
         return await self._count("get", lambda: self.inner.get(key), _keys([key]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +17,27 @@ import pytest
 
 from tests.api.conftest import Api, running_api
 from tests.factories import family_with_members, settle, upload
+from tests.servers import moto_server_process
 
 REGISTER = "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id platform } }"
 DEVICES = "{ myPushDevices { id platform } }"
 NOTES = "{ notifications { edges { node { id type } } } }"
 
 
+@pytest.fixture(scope="module")
+def sns_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A moto_server for SNS alone: the pushes are read back from its whole model
+    data, which must hold nothing of other tests (an S3 object whose bucket another
+    test deleted makes moto fail the dump)."""
+    with moto_server_process(tmp_path_factory.mktemp("sns-moto")) as (url, _):
+        yield url
+
+
 @pytest.fixture(params=["sqlite", "dynamodb"])
-async def native(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Api, Any, str]]:
-    moto_url = request.getfixturevalue("moto_server")
+async def native(
+    request: pytest.FixtureRequest, tmp_path: Path, sns_moto: str
+) -> AsyncIterator[tuple[Api, Any, str]]:
+    moto_url = sns_moto
     async with aioboto3.Session().client("sns", endpoint_url=moto_url, region_name="us-east-1") as sns:
         suffix = uuid.uuid4().hex[:8]
         apns = await sns.create_platform_application(
@@ -60,7 +72,7 @@ async def endpoints(sns: Any, application: str) -> list[dict[str, Any]]:
 
 async def messages(moto_url: str, arn: str) -> list[dict[str, str]]:
     """What moto holds as published to the endpoint (its model data)."""
-    # The whole server's model data: slow to serialise once a session has used moto a lot.
+    # The whole server's model data: this module's server holds SNS alone.
     async with httpx.AsyncClient(timeout=120) as client:
         data = (await client.get(f"{moto_url}/moto-api/data.json")).json()
     for endpoint in data["sns"]["PlatformEndpoint"]:

@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -28,6 +29,14 @@ from resolvers.adapters.media import (
     transcode_video,
 )
 from tests import media_factory as mf
+
+
+@pytest.fixture(scope="module", autouse=True)
+def photo_processes() -> Iterator[None]:
+    """These tests call the media functions without an app: the photo processes
+    they start are stopped here, as an app stops them when it ends."""
+    yield
+    media.close_photo_pool()
 
 
 @pytest.fixture(scope="module")
