@@ -105,6 +105,16 @@ def descendants(root: int | None = None, *, spared: set[int] | frozenset[int] = 
     return found
 
 
+def gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie has: it only waits to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
 def settled(spared: set[int] | frozenset[int] = frozenset()) -> list[Process]:
     """What is still running once processes that are on their way out have gone."""
     deadline = time.monotonic() + _SETTLE_SECONDS

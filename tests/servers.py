@@ -261,6 +261,47 @@ async def post_graphql(
     return body
 
 
+async def graphql_data(
+    server: ServerProcess, token: str, query: str, variables: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The `data` of one operation that must not fail, sent to a server process."""
+    body = await post_graphql(server, token, query, variables)
+    assert "errors" not in body, body
+    data: dict[str, Any] = body["data"]
+    return data
+
+
+async def upload_to(server: ServerProcess, token: str, kind: str, mime: str, body: bytes) -> str:
+    """A new family, and an upload of `body` to it (createUpload, the PUT,
+    completeUpload) as the token's person: the content's id."""
+    family = await graphql_data(server, token, 'mutation { createFamily(input: {name: "Los Ruiz"}) { id } }')
+    created = await graphql_data(
+        server,
+        token,
+        "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id } } }",
+        {
+            "i": {
+                "familyId": family["createFamily"]["id"],
+                "type": kind,
+                "mimeType": mime,
+                "sizeBytes": len(body),
+            }
+        },
+    )
+    import httpx
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        sent = await client.put(
+            created["createUpload"]["uploadUrl"], content=body, headers={"Content-Type": mime}
+        )
+    assert sent.status_code == 200
+    content_id = str(created["createUpload"]["content"]["id"])
+    await graphql_data(
+        server, token, "mutation($id: ID!) { completeUpload(contentId: $id) { status } }", {"id": content_id}
+    )
+    return content_id
+
+
 async def until(
     check: Callable[[], Any],
     what: str | Callable[[], str] = "a condition",

@@ -9,13 +9,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import jiwer
 import pytest
 
 from resolvers.core.auth import mint_token
 from tests import media_factory as mf
-from tests.servers import SECRET, ServerProcess, engine_env, pipeline_env, post_graphql, until
+from tests.leftovers import gone
+from tests.servers import SECRET, ServerProcess, engine_env, graphql_data, pipeline_env, until, upload_to
 
 ANA = mint_token(SECRET, "ana", given_name="Ana")
 
@@ -26,41 +26,13 @@ async def engine(request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]
         yield env
 
 
-async def _gql(server: ServerProcess, query: str, variables: dict[str, Any] | None = None) -> dict[str, Any]:
-    body = await post_graphql(server, ANA, query, variables)
-    assert "errors" not in body, body
-    data: dict[str, Any] = body["data"]
-    return data
-
-
 async def _upload_video(server: ServerProcess, video: Path) -> str:
-    family = await _gql(server, 'mutation { createFamily(input: {name: "Los Ruiz"}) { id } }')
-    body = await asyncio.to_thread(video.read_bytes)
-    created = await _gql(
-        server,
-        "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id } } }",
-        {
-            "i": {
-                "familyId": family["createFamily"]["id"],
-                "type": "VIDEO",
-                "mimeType": "video/mp4",
-                "sizeBytes": len(body),
-            }
-        },
-    )
-    async with httpx.AsyncClient(timeout=60) as client:
-        sent = await client.put(
-            created["createUpload"]["uploadUrl"], content=body, headers={"Content-Type": "video/mp4"}
-        )
-    assert sent.status_code == 200
-    content_id = str(created["createUpload"]["content"]["id"])
-    await _gql(server, "mutation($id: ID!) { completeUpload(contentId: $id) { status } }", {"id": content_id})
-    return content_id
+    return await upload_to(server, ANA, "VIDEO", "video/mp4", await asyncio.to_thread(video.read_bytes))
 
 
 async def _content(server: ServerProcess, content_id: str) -> dict[str, Any]:
     query = "query($id: ID!) { content(id: $id) { status transcription transcriptLanguage captionsUrl } }"
-    content: dict[str, Any] = (await _gql(server, query, {"id": content_id}))["content"]
+    content: dict[str, Any] = (await graphql_data(server, ANA, query, {"id": content_id}))["content"]
     return content
 
 
@@ -79,14 +51,6 @@ def _speech_workers(parent: int) -> list[int]:
         if ppid == parent and b"speech.py" in cmdline:
             found.append(int(entry.name))
     return found
-
-
-def _gone(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state in ("Z", "X")
 
 
 async def test_a_server_killed_mid_transcription_is_resumed_by_the_next(
@@ -114,7 +78,7 @@ async def test_a_server_killed_mid_transcription_is_resumed_by_the_next(
     finally:
         first.stop()
     # The worker dies with its server: nobody is left decoding for a content the next resumes.
-    await until(lambda: all(_gone(pid) for pid in workers), "the killed server's speech worker to exit")
+    await until(lambda: all(gone(pid) for pid in workers), "the killed server's speech worker to exit")
 
     second = ServerProcess(tmp_path / "data", pipeline_env(engine), name="second").start()
     try:
