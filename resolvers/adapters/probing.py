@@ -161,8 +161,8 @@ def die_with(pid: int) -> None:
         handle = os.pidfd_open(pid)
     except ProcessLookupError:
         os._exit(1)  # it is gone already
-    except OSError:
-        handle = -1  # no pidfd on this kernel: look once a second instead
+    except (OSError, AttributeError):
+        handle = -1  # no pidfd here (an old kernel, or not Linux): look once a second instead
 
     def watch() -> None:
         if handle >= 0:
