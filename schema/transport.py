@@ -243,9 +243,10 @@ def _well_formed(message: object) -> bool:
     return True
 
 
-def _idempotency_key(extensions: object) -> str | None:
-    key = extensions.get("idempotencyKey") if isinstance(extensions, dict) else None
-    return key if isinstance(key, str) else None
+def _idempotency_key(extensions: object) -> object:
+    """The key as sent, whatever its type: a key that is not a string is refused
+    when the mutation runs (`idempotency.check_key`), never run without one."""
+    return extensions.get("idempotencyKey") if isinstance(extensions, dict) else None
 
 
 @contextlib.contextmanager

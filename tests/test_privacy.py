@@ -424,10 +424,14 @@ HIDDEN = {
     "tag characters": "Ana\U000e0041\U000e0042",
     "a lone cancel tag": "Ana\U000e007f",
     "interlinear annotation": "Ana\ufff9López\ufffa\ufffb",
+    "a left-to-right mark": "Ana\u200eLópez",
+    "a right-to-left mark": "\u200fמרים",
+    "an Arabic letter mark": "Ana\u061c",
+    "a right-to-left override": "Ana\u202eLópez",
 }
 
 
-async def test_hidden_breaks_tags_and_annotations_are_refused_and_marks_allowed(
+async def test_hidden_breaks_tags_annotations_and_bidi_marks_are_refused(
     server: ServerProcess,
 ) -> None:
     family_id = await family(server, "ana", [])
@@ -444,9 +448,14 @@ async def test_hidden_breaks_tags_and_annotations_are_refused_and_marks_allowed(
             body = await post(server, query, {"n": bad, **extra}, auth=token("ana"))
             assert body["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT", (what, field)
             assert field in body["errors"][0]["message"], (what, field)
-    # Right-to-left names need their marks; a subdivision flag is its tags.
+        # An invite mails its address, and the family's admins read it in the list of invites.
+        invite = "mutation($f: ID!, $e: String!) { createInvite(input: {familyId: $f, email: $e}) { id } }"
+        body = await post(server, invite, {"f": family_id, "e": f"{bad}@example.org"}, auth=token("ana"))
+        assert body["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT", (what, "email")
+        assert "email" in body["errors"][0]["message"], (what, "email")
+    # A right-to-left name shows by its letters' own direction; a subdivision flag is its tags.
     for fine in (
-        "\u200fמרים\u200e",
+        "מרים",
         "Ana \U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f",
     ):
         assert (await ok(server, "ana", update, {"n": fine}))["updateProfile"]["givenName"] == fine

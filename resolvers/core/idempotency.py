@@ -67,7 +67,7 @@ Result = dict[str, Any]  # {"data": ..., "errors": [...]}, as answered
 # operation runs: a WebSocket operation's task copies it when it is created),
 # and the attempt running it (read by the mutations that commit in one
 # transaction, to put the key in it).
-requested_key: contextvars.ContextVar[str | None] = contextvars.ContextVar("idempotency_key", default=None)
+requested_key: contextvars.ContextVar[object] = contextvars.ContextVar("idempotency_key", default=None)
 _attempt: contextvars.ContextVar[Attempt | None] = contextvars.ContextVar("idempotency_attempt", default=None)
 
 
@@ -82,7 +82,10 @@ def request_hash(query: str | None, operation_name: str | None, variables: objec
 
 def check_key(key: object) -> str:
     if not isinstance(key, str) or not key.strip() or len(key) > MAX_KEY_LENGTH:
-        raise BadInput(f"Idempotency-Key must be a non-empty string of at most {MAX_KEY_LENGTH} characters")
+        raise BadInput(
+            "Idempotency-Key (or extensions.idempotencyKey) must be a non-empty string "
+            f"of at most {MAX_KEY_LENGTH} characters"
+        )
     return key
 
 

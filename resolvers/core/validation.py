@@ -4,16 +4,18 @@ show to their family, and MIME types.
 Display text (names, titles, comments, tags) must not fool the person who reads
 it nor break what it is stored in, so it refuses:
 - C0 and C1 control characters (a newline is allowed in comment bodies);
-- bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069),
-  which reorder what a reader sees;
+- every bidirectional control: embeddings, overrides and isolates (U+202A-U+202E,
+  U+2066-U+2069), which reorder what a reader sees, and the marks (U+200E, U+200F,
+  U+061C), which are invisible and can move a neutral character across a name
+  (right-to-left names render by their letters' own direction without them);
 - line and paragraph separators (U+2028, U+2029), which break a line where
   the text shows none, and the interlinear annotation characters
   (U+FFF9-U+FFFB), which hide text;
 - zero-width and invisible characters, tag characters (U+E0000-U+E007F)
   included, except a zero-width joiner, variation selector or tag inside an
   emoji sequence (a family emoji, a flag, a skin tone).
-Left-to-right and right-to-left marks (U+200E, U+200F, U+061C) stay allowed:
-names written right to left need them.
+An email address refuses the same characters: an invite mails it, and a
+reader sees it in the family's list of invites.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from store import keys
 
 MAX_SUBJECT = 128
 
-BIDI_CONTROLS = frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A))
+BIDI_CONTROLS = (
+    frozenset(range(0x202A, 0x202F)) | frozenset(range(0x2066, 0x206A)) | frozenset({0x200E, 0x200F, 0x061C})
+)
 # Refused anywhere: line and paragraph separators, interlinear annotations.
 HIDDEN_BREAKS = frozenset({0x2028, 0x2029, 0xFFF9, 0xFFFA, 0xFFFB})
 # Invisible characters that render as nothing: zero-width space, non-joiner and
@@ -80,7 +84,7 @@ def display_problem(text: str, *, multiline: bool = False) -> str | None:
         if unicodedata.category(ch) == "Cs":
             return "must not contain lone surrogates"
         if cp in BIDI_CONTROLS:
-            return "must not contain bidirectional override or isolate characters"
+            return "must not contain bidirectional control characters (marks, overrides or isolates)"
         if cp in HIDDEN_BREAKS:
             return "must not contain line separators or interlinear annotation characters"
         if cp in INVISIBLE:
@@ -139,6 +143,7 @@ def clean_email(value: str, field: str) -> str:
         or domain.endswith(".")
     ):
         raise BadInput(f"{field} must be an email address, like ana@example.org")
+    check_display(address, field)
     return address
 
 

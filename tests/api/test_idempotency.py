@@ -84,6 +84,27 @@ async def test_a_key_that_is_not_a_key_is_refused(api: Api) -> None:
     assert counted["content"]["commentCount"] == 0
 
 
+@pytest.mark.parametrize(
+    "key", [{"a": 1}, 7, ["k"], True, ""], ids=["object", "number", "list", "bool", "empty"]
+)
+async def test_an_extensions_key_that_is_not_a_string_is_refused_not_ignored(api: Api, key: object) -> None:
+    # Ignoring it would run the mutation without the key its sender counts on.
+    post = await _world(api)
+    response = await api.client.post(
+        "/graphql",
+        json={
+            "query": COMMENT,
+            "variables": {"id": post, "b": "hola"},
+            "extensions": {"idempotencyKey": key},
+        },
+        headers={"Authorization": f"Bearer {api.token('ana')}"},
+    )
+    error = response.json()["errors"][0]
+    assert error["extensions"]["code"] == "BAD_USER_INPUT" and "idempotencyKey" in error["message"]
+    counted = await api.ok(COUNT, {"id": post}, as_="ben")
+    assert counted["content"]["commentCount"] == 0
+
+
 # Every mutation: its first write carries its key ---------------------------------------------
 
 IDEMPOTENCY = "IDEMPOTENCY#"
