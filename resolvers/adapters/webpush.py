@@ -110,10 +110,38 @@ def check_url(url: str, allowed: Sequence[str]) -> None:
         raise Refused("must be an https URL with a host and no credentials")
 
 
+# IPv6 prefixes whose last 32 bits are an IPv4 address a network delivers to:
+# NAT64's well-known prefix (RFC 6052) and IPv4-compatible addresses (RFC 4291,
+# deprecated, but a stack may still route them). IPv4-mapped addresses and 6to4
+# (2002::/16, the address in bits 16-47) have properties of their own.
+EMBEDS_LAST_32 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("::/96"))
+# NAT64 for local use (RFC 8215): where the IPv4 address sits depends on a
+# prefix length only the local network knows, and it is never public.
+LOCAL_NAT64 = ipaddress.IPv6Network("64:ff9b:1::/48")
+
+
+def embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address a packet to `ip` may reach, when `ip` embeds one."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if any(ip in network for network in EMBEDS_LAST_32):
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return None
+
+
 def public_address(address: str) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    """Whether a push may connect to `address`: a public unicast address, and,
+    for an IPv6 address that embeds an IPv4 one, a public IPv4 address too
+    (a NAT64 or 6to4 gateway would deliver to it)."""
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip in LOCAL_NAT64:
+            return False
+        embedded = embedded_ipv4(ip)
+        if embedded is not None:
+            ip = embedded
     return ip.is_global and not ip.is_multicast and ip not in METADATA
 
 

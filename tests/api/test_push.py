@@ -116,6 +116,16 @@ P256_NOT_ON_CURVE = "BA" + "A" * 85  # 65 bytes, 0x04 first, (0, 0) is not on th
         ({"endpoint": "https://[::1]/x"}, "endpoint"),
         ({"endpoint": "https://[::ffff:10.0.0.1]/x"}, "endpoint"),
         ({"endpoint": "https://[fd00:ec2::254]/x"}, "endpoint"),
+        # IPv6 forms that deliver to an embedded IPv4 address that is not public.
+        ({"endpoint": "https://[64:ff9b::7f00:1]/x"}, "endpoint"),
+        ({"endpoint": "https://[64:ff9b::a9fe:a9fe]/x"}, "endpoint"),
+        ({"endpoint": "https://[64:ff9b:1::7f00:1]/x"}, "endpoint"),
+        ({"endpoint": "https://[64:ff9b:1:2::808:808]/x"}, "endpoint"),
+        ({"endpoint": "https://[2002:7f00:1::]/x"}, "endpoint"),
+        ({"endpoint": "https://[2002:a00:1::1]/x"}, "endpoint"),
+        ({"endpoint": "https://[::7f00:1]/x"}, "endpoint"),
+        ({"endpoint": "https://[::10.0.0.1]/x"}, "endpoint"),
+        ({"endpoint": "https://[::ffff:127.0.0.1]/x"}, "endpoint"),
         ({"endpoint": "https://100.100.100.200/x"}, "endpoint"),
         ({"endpoint": "https://user:pw@93.184.216.34/x"}, "endpoint"),
         ({"endpoint": "https://no-such-host.invalid/x"}, "endpoint"),
@@ -145,8 +155,13 @@ async def test_refusals_name_the_field_and_change_nothing(
     assert await api.snapshot() == before
 
 
-async def test_a_public_address_is_accepted(api: Api, service: PushService) -> None:
-    given = {**service.browser("b").input(), "endpoint": "https://93.184.216.34/push/abc"}
+@pytest.mark.parametrize(
+    "host",
+    ["93.184.216.34", "[2606:2800:220:1:248:1893:25c8:1946]", "[64:ff9b::5db8:d822]", "[2002:5db8:d822::1]"],
+    ids=["ipv4", "ipv6", "nat64-of-public", "6to4-of-public"],
+)
+async def test_a_public_address_is_accepted(api: Api, service: PushService, host: str) -> None:
+    given = {**service.browser("b").input(), "endpoint": f"https://{host}/push/abc"}
     assert (await api.ok(REGISTER, {"i": given}, as_="ana"))["registerPushDevice"]["platform"] == "WEB"
 
 
