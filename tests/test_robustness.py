@@ -508,14 +508,28 @@ async def test_write_rate_limits_hold_across_two_processes(two_servers: list[Ser
 
 
 async def test_invite_guesses_are_limited_per_client_address(two_servers: list[ServerProcess]) -> None:
-    join = 'mutation { joinFamily(inviteCode: "AAAAA-BBBBB") { role } }'
+    made = await _as(
+        two_servers[0], "ana", 'mutation { createFamily(input: {name: "Los Ruiz"}) { inviteCode } }', {}
+    )
+    valid = made["data"]["createFamily"]["inviteCode"]
+    join = "mutation($c: String!) { joinFamily(inviteCode: $c) { role } }"
     codes = []
     for n in range(6):  # six accounts, one wrong guess each, alternating processes
-        answer = await _as(two_servers[n % 2], f"guesser{n}", join, {})
+        answer = await _as(two_servers[n % 2], f"guesser{n}", join, {"c": "AAAAA-BBBBB"})
         codes.append(answer["errors"][0]["extensions"]["code"])
     assert codes == ["BAD_USER_INPUT"] * 4 + ["RATE_LIMITED"] * 2
+    # The address's window is full, yet someone behind it with no wrong code
+    # of their own joins with a valid one; a guesser is refused even a valid
+    # one, so that it does not tell them it is valid.
+    for n in range(2):
+        joined = await _as(two_servers[n], f"cousin{n}", join, {"c": valid})
+        assert joined["data"]["joinFamily"]["role"] in ("MEMBER", "PENDING"), joined
+    refused = await _as(two_servers[1], "guesser0", join, {"c": valid})
+    assert refused["errors"][0]["extensions"]["code"] == "RATE_LIMITED"
     # Behind a trusted proxy, the forwarded address counts, not the proxy's.
-    answer = await _as(two_servers[0], "guesser9", join, {}, **{"X-Forwarded-For": "203.0.113.7"})
+    answer = await _as(
+        two_servers[0], "guesser9", join, {"c": "AAAAA-BBBBB"}, **{"X-Forwarded-For": "203.0.113.7"}
+    )
     assert answer["errors"][0]["extensions"]["code"] == "BAD_USER_INPUT"
 
 

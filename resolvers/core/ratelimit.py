@@ -65,8 +65,10 @@ DEFAULT_LIMITS: Mapping[str, Limit] = {
     "export": Limit(3, 24 * 3600),
     # Persisted queries one person stores (a client has a few fixed documents).
     "persist": Limit(200, 24 * 3600),
-    # Wrong invite codes from one client address, whoever is signed in.
-    "join-address": Limit(30, 600),
+    # Wrong invite codes from one client address, whoever is signed in: a
+    # backstop across accounts, far above one person's own limit (ten), since a
+    # whole NAT or carrier network may share the address.
+    "join-address": Limit(300, 600),
 }
 
 ATTEMPTS = 4

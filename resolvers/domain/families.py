@@ -312,13 +312,32 @@ async def rotate_invite_code(ctx: Context, family_id: str) -> Family:
     raise Conflict("could not allocate an invite code; try again")
 
 
-async def _check_not_blocked(ctx: Context, user_id: str) -> None:
+async def _own_guesses(ctx: Context, user_id: str) -> items.InviteGuesses | None:
+    """The person's wrong codes of late; RATE_LIMITED while they are blocked."""
     item = await ctx.table.get(keys.invite_guesses(user_id))
     if item is None:
-        return
+        return None
     guesses = items.InviteGuesses.from_item(item)
     if guesses.blocked_until and guesses.blocked_until > ctx.services.now_iso():
         raise RateLimited("too many wrong invite codes; wait a few minutes and try again")
+    return guesses
+
+
+def _guessed_lately(ctx: Context, guesses: items.InviteGuesses | None) -> bool:
+    return (
+        guesses is not None
+        and guesses.count > 0
+        and items.parse_iso(guesses.window_start) + WRONG_CODE_WINDOW >= ctx.services.now()
+    )
+
+
+async def _address_refusal(ctx: Context, address: str) -> RateLimited | None:
+    """The refusal the client address's window of wrong codes calls for, if it is full."""
+    try:
+        await ctx.services.rates.check(f"address:{address}", "join-address", ctx.services.now())
+    except RateLimited as refusal:
+        return refusal
+    return None
 
 
 async def _record_wrong_code(ctx: Context, user_id: str) -> None:
@@ -345,15 +364,23 @@ async def _record_wrong_code(ctx: Context, user_id: str) -> None:
 
 async def join_family(ctx: Context, invite_code: str) -> Membership:
     viewer = await ctx.viewer_id()
-    # Guessing is bounded per person and, across accounts, per client address.
+    # Guessing is bounded per person first. Across accounts, a client address
+    # has a much higher backstop, which never refuses a valid code to someone
+    # with no wrong code of their own: a whole NAT shares an address. Past it,
+    # a wrong code is refused, and so is anything from a person who has just
+    # guessed wrong (a valid code must not tell them it is one).
     address = ctx.client_address()
     code = normalize_invite_code(invite_code)
     # The code is read beside the checks; it counts for nothing if they refuse.
-    _, _, invite_item = await asyncio.gather(
-        _check_not_blocked(ctx, viewer),
-        ctx.services.rates.check(f"address:{address}", "join-address", ctx.services.now()),
+    guesses, address_refusal, invite_item = await asyncio.gather(
+        _own_guesses(ctx, viewer),
+        _address_refusal(ctx, address),
         ctx.loaders.item.load(keys.invite(code)) if code else _nothing(),
     )
+    if address_refusal is not None and (invite_item is None or _guessed_lately(ctx, guesses)):
+        if invite_item is None:
+            await _record_wrong_code(ctx, viewer)
+        raise address_refusal
     if invite_item is None:
         await asyncio.gather(
             _record_wrong_code(ctx, viewer),
