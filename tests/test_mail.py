@@ -319,6 +319,50 @@ async def test_an_invite_with_an_email_is_mailed_once_with_its_code_and_link(
     assert (await api.table.query(keys.INVITE_MAIL_OUTBOX_PK, index="GSI2")).items == []
 
 
+async def test_an_invitation_carries_the_inviters_words_in_its_body_quoted_not_in_its_subject(
+    mail_api: tuple[Api, Inbox],
+) -> None:
+    api, inbox = mail_api
+    lure = "URGENT verify your bank account at bank-example.org " + "now " * 30
+    await api.ok(
+        "mutation($n: String!) { updateProfile(input: {givenName: $n}) { id } }", {"n": lure[:100]}, as_="ana"
+    )
+    family_id = await family_with_members(api, "ana", [])
+    await api.ok(INVITE, {"i": {"familyId": family_id, "email": "tia@example.org"}}, as_="ana")
+    await mailer(api).run_once()
+    (message,) = inbox.to("tia@example.org")
+    assert message["Subject"] == mail.INVITATION_SUBJECT
+    text = text_of(message)
+    # Quoted, and cut to a bound: the name shows as a name, not as the mail's message.
+    assert "“URGENT verify your bank account" in text and "…”" in text
+    assert max(len(line) for line in text.splitlines()) < 300
+
+
+async def test_invites_that_mail_someone_are_limited_per_person_a_day(mail_api: tuple[Api, Inbox]) -> None:
+    api, _ = mail_api
+    family_id = await family_with_members(api, "ana", [])
+    other_family = await family_with_members(api, "ana", [], name="Los Ruiz")
+    for n in range(20):  # across the person's families: the limit is theirs
+        given = {"familyId": family_id if n % 2 else other_family, "email": f"p{n}@example.org"}
+        assert "errors" not in await api.post(INVITE, {"i": given}, as_="ana")
+    before = await api.snapshot()
+    code, message = await api.error(
+        INVITE, {"i": {"familyId": family_id, "email": "p20@example.org"}}, as_="ana"
+    )
+    refused = await api.post(INVITE, {"i": {"familyId": family_id, "email": "p21@example.org"}}, as_="ana")
+    error = refused["errors"][0]
+    assert code == "RATE_LIMITED" and error["extensions"]["code"] == "RATE_LIMITED"
+    assert 0 < error["extensions"]["retryAfter"] <= 24 * 3600 and "20 per day" in message
+    assert await api.snapshot() == before  # refused: nothing written, nothing mailed
+    assert len((await api.table.query(keys.INVITE_MAIL_OUTBOX_PK, index="GSI2")).items) == 20
+    # An invite without an address mails nobody: not counted, not refused.
+    assert "errors" not in await api.post(INVITE, {"i": {"familyId": family_id}}, as_="ana")
+    api.clock.advance(seconds=error["extensions"]["retryAfter"])
+    assert "errors" not in await api.post(
+        INVITE, {"i": {"familyId": family_id, "email": "p22@example.org"}}, as_="ana"
+    )
+
+
 async def test_digests_go_out_once_per_period_and_never_show_sealed_content(
     mail_api: tuple[Api, Inbox],
 ) -> None:

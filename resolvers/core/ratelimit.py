@@ -65,6 +65,8 @@ DEFAULT_LIMITS: Mapping[str, Limit] = {
     "export": Limit(3, 24 * 3600),
     # Persisted queries one person stores (a client has a few fixed documents).
     "persist": Limit(200, 24 * 3600),
+    # Invites that carry an email address: each mails someone outside the family.
+    "invite-email": Limit(20, 24 * 3600),
     # Wrong invite codes from one client address, whoever is signed in: a
     # backstop across accounts, far above one person's own limit (ten), since a
     # whole NAT or carrier network may share the address.
@@ -482,6 +484,9 @@ def _refusal(limit: Limit, window: int, moment: float) -> RateLimited:
 
 
 def _span(seconds: int) -> str:
+    if seconds % 86400 == 0:
+        days = seconds // 86400
+        return "day" if days == 1 else f"{days} days"
     if seconds % 3600 == 0:
         hours = seconds // 3600
         return "hour" if hours == 1 else f"{hours} hours"

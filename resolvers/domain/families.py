@@ -852,7 +852,12 @@ async def create_invite(
             raise BadInput(f"expiresAt must be within {MAX_INVITE_DAYS} days")
         ends_at = items.iso(expires_at)
     address = clean_email(email, "email") if email is not None else None
-    family, me = await admin_family(ctx, family_id)
+    if address is not None:
+        # An invite with an address sends mail to someone outside the family:
+        # bounded per person, so an account cannot mail strangers at will.
+        _, (family, me) = await asyncio.gather(ctx.check_rate("invite-email"), admin_family(ctx, family_id))
+    else:
+        family, me = await admin_family(ctx, family_id)
     for _ in range(5):
         invite = FamilyInvite(
             family_id=family.id,
@@ -866,22 +871,24 @@ async def create_invite(
             # Without SMTP nothing will send it: out of the mail outbox from the start.
             mail_state=MailState.SKIPPED if address and not ctx.services.settings.smtp_url else None,
         )
+        ops: list[WriteOp] = [
+            Put(items.Invite(invite.code, family.id, invite.id).to_item(), NotExists()),
+            Put(invite.to_item(), NotExists()),
+            Check(family.key, is_admin_now(family, me.user_id)),
+            event_put(
+                ctx,
+                family.id,
+                FamilyEventType.INVITE_CREATED,
+                me.user_id,
+                None,
+                f"invite {invite_public_id(family.id, invite.id)}",
+            ),
+        ]
         try:
-            await ctx.table.transact(
-                [
-                    Put(items.Invite(invite.code, family.id, invite.id).to_item(), NotExists()),
-                    Put(invite.to_item(), NotExists()),
-                    Check(family.key, is_admin_now(family, me.user_id)),
-                    event_put(
-                        ctx,
-                        family.id,
-                        FamilyEventType.INVITE_CREATED,
-                        me.user_id,
-                        None,
-                        f"invite {invite_public_id(family.id, invite.id)}",
-                    ),
-                ]
-            )
+            if address is not None:
+                await ctx.counted("invite-email", ops)
+            else:
+                await ctx.table.transact(ops)
         except TransactionCancelled as error:
             if error.failed_on(keys.invite(invite.code)):
                 continue  # the code is taken: draw again

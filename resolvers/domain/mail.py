@@ -253,13 +253,19 @@ def capsule_message(
 JOIN_PATH = "/join"
 
 
+INVITATION_SUBJECT = "You are invited to a family on MiFamilias"
+
+
 def invitation_message(
     head: Letterhead, invite: FamilyInvite, family: Family, inviter: User | None, now: datetime
 ) -> EmailMessage:
     """To someone who may have no account yet: no unsubscribe link, since
     nothing else is ever sent to the address because of the invite."""
     assert invite.email is not None
-    who = _name(inviter) if inviter else "An admin"
+    # The inviter's own words (their name, the family's) go in the body, quoted
+    # and bounded, never in the subject: a subject is what a stranger's mail
+    # client shows first, and it must not read as the inviter's message.
+    who = f"“{_one_line(_name(inviter), 60)}”" if inviter else "An admin"
     link = f"{head.base_url}{JOIN_PATH}?{urlencode({'code': invite.code})}"
     limits = []
     if invite.ends_at is not None:
@@ -267,7 +273,8 @@ def invitation_message(
     if invite.max_uses == 1:
         limits.append("It admits one person: you.")
     body = (
-        f"{who} invites you to {_one_line(family.name)} on MiFamilias, a private space for the family.\n\n"
+        f"{who}, an admin of the family “{_one_line(family.name, 60)}”, invites you to join it on "
+        "MiFamilias, a private space for the family. Those names are theirs, as they wrote them.\n\n"
         f"Your invite code: {invite.code}\n"
         f"Join here: {link}\n"
         + ("\n" + " ".join(limits) + "\n" if limits else "")
@@ -276,7 +283,7 @@ def invitation_message(
     message = EmailMessage()
     message["From"] = head.sender
     message["To"] = invite.email
-    message["Subject"] = _one_line(f"{who} invites you to {family.name} on MiFamilias", 200)
+    message["Subject"] = INVITATION_SUBJECT
     message["Date"] = format_datetime(now.astimezone(UTC))
     message["Message-ID"] = head.message_id("invite", invite.family_id, invite.id)
     message["Auto-Submitted"] = "auto-generated"
