@@ -27,7 +27,7 @@ from resolvers.core.heap import SubscriptionHeap
 from resolvers.core.metrics import Metrics
 from resolvers.core.observed import ObservedTable, botocore_client, engine_of, watch_botocore
 from resolvers.core.persisted import ManifestError, PersistedDocuments, TrustedDocuments, load_manifest
-from resolvers.core.ratelimit import BudgetCounter, RateLimiter, TableBudgetCounter, parse_limits
+from resolvers.core.ratelimit import Bucket, BudgetCounter, RateLimiter, TableBudgetCounter, parse_limits
 from resolvers.domain import capsules
 from resolvers.processes.accounts import AccountDeletions
 from resolvers.processes.exports import ExportBuilder
@@ -255,18 +255,20 @@ async def compose(
     )
     stack.push_async_callback(accounts.stop)
     budget_counter: BudgetCounter = TableBudgetCounter(table)
-    if settings.redis_url and settings.cost_budget > 0:
+    bucket = Bucket(settings.cost_budget, settings.cost_restore_rate)
+    if settings.redis_url and bucket.enabled:
         in_redis = RedisBudgetCounter(settings.redis_url, fallback=budget_counter)
         stack.push_async_callback(in_redis.close)
         budget_counter = in_redis
     rates = RateLimiter(
         table,
         parse_limits(settings.rate_limits),
-        cost_budget=settings.cost_budget,
+        cost_bucket=bucket,
         budget_counter=budget_counter,
         streams_per_person=settings.max_subscriptions_per_person,
     )
     stack.push_async_callback(rates.streams.stop)
+    stack.push_async_callback(rates.budget.drain)
     web_push, native_push = await _open_push(settings, stack)
     pusher = PushQueue(
         Pusher(table=table, settings=settings, clock=clock, web=web_push, native=native_push),

@@ -1,14 +1,17 @@
-"""What an operation may cost, estimated before anything runs.
+"""What an operation may cost, estimated before anything runs, and what it
+really cost, counted from its answer (Shopify's requested and actual cost).
 
-Depth, alias and token limits bound a document's shape; this bounds its work.
 The estimate counts the objects the answer can hold, the way Apollo's demand
 control (`@listSize`, `@cost`) and Ariadne's cost validator do: every object
 field costs 1 for each time it can appear, and a list multiplies what is below
 it by its size. A connection's size is its `first` argument, a plain list's
-size is the bound the domain sets (`ASSUMED_SIZES`, else `DEFAULT_LIST_SIZE`).
-A scalar field costs 1 where its resolver awaits something (a signed URL, a
-per-viewer read, the store: `work_fields` finds them from the schema, so a new
-one is counted without being listed); other scalars and introspection are free.
+size is the bound the domain sets (`ASSUMED_SIZES`, else `DEFAULT_LIST_SIZE`),
+and `myFamilies` is sized by the families the viewer is really in (read once,
+and kept for its resolver). A scalar field costs 1 where its resolver awaits
+something (a signed URL, a per-viewer read, the store: `work_fields` finds them
+from the schema, so a new one is counted without being listed); other scalars
+and introspection are free. The actual cost counts the same way over the
+answer: each object it holds, each work scalar it holds.
 
 Arguments are read the way execution will read them: variables coerced by
 graphql-core with the operation's defaults applied (`100.0` is the Int 100, a
@@ -16,21 +19,27 @@ declared default counts when the variable is not sent), literals and field
 defaults by `get_argument_values`. A size that cannot be known that way counts
 the largest page, never the default.
 
-An operation over `MIFAMILIAS_MAX_QUERY_COST` is refused with BAD_USER_INPUT and
-`extensions.cost = {estimated, limit}`. With a budget (`MIFAMILIAS_COST_BUDGET`),
-a query or mutation that passes is charged its estimate (at least 1) before it
-runs, and a subscription each event it delivers; past the budget, RATE_LIMITED
-with `retryAfter` and `rateLimit` (GitHub's model: `Query.rateLimit` answers the
-same state). Variables are bounded too: no list of
-more than `MAX_LIST_ITEMS` items, but for the few the domain bounds itself
-(`LONG_LISTS`).
+An operation over `MIFAMILIAS_MAX_QUERY_COST` is refused with BAD_USER_INPUT,
+naming the list that costs most. Each person has a leaky bucket of points
+(`MIFAMILIAS_COST_BUDGET`, `MIFAMILIAS_COST_RESTORE_RATE`): a query or mutation
+is admitted when its requested cost is in the bucket and takes it before it
+runs; once it has run, what it did not use is given back. Every answer says so
+in `extensions.cost` with Shopify's names (`requestedQueryCost`,
+`actualQueryCost`, `throttleStatus`). A subscription takes each event's cost as
+it is delivered. With the bucket empty, RATE_LIMITED with `retryAfter` and
+`rateLimit` (GitHub's names: `Query.rateLimit` answers the same state).
+Variables are bounded too: no list of more than `MAX_LIST_ITEMS` items, but
+for the few the domain bounds itself (`LONG_LISTS`).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from graphql import (
@@ -57,9 +66,13 @@ from resolvers.core.context import Context
 from resolvers.core.errors import ApiError, BadInput
 from resolvers.core.pagination import MAX_PAGE
 from resolvers.core.ratelimit import BudgetState
+from resolvers.domain import families
 from resolvers.domain.capsules import MAX_RECIPIENTS
 from resolvers.domain.tags import MAX_TAGS
 from schema.guard import refuse
+from store.port import StoreError
+
+log = logging.getLogger("mifamilias.cost")
 
 DEFAULT_LIST_SIZE = 20
 MAX_LIST_ITEMS = 100
@@ -71,8 +84,10 @@ ASSUMED_SIZES = {
     "Content.reactions": 20,
     "Content.tags": 5 * MAX_TAGS,
     "Mutation.setTags": MAX_TAGS,
+    # Without a viewer to ask (a document checked before anyone sends it).
     "Query.myFamilies": DEFAULT_LIST_SIZE,
 }
+MY_FAMILIES = "Query.myFamilies"
 
 
 def _unwrap(type_: GraphQLType) -> tuple[GraphQLType, bool]:
@@ -99,16 +114,22 @@ def work_fields(schema: GraphQLSchema) -> frozenset[str]:
 
 
 class Estimate:
+    total = 0
+
     def __init__(
         self,
         schema: GraphQLSchema,
         fragments: Mapping[str, FragmentDefinitionNode],
         variables: VariableValues | None,
+        sizes: Mapping[str, int] | None = None,
     ) -> None:
         self.schema = schema
         self.fragments = fragments
         self.variables = variables
         self.work = work_fields(schema)
+        self.sizes = {**ASSUMED_SIZES, **(sizes or {})}
+        # What each list field costs, itself and all below it ("Type.field").
+        self.lists: Counter[str] = Counter()
 
     def _first(self, node: FieldNode, field: Any) -> int | None:
         """The page size a `first` argument asks for, or None when there is none."""
@@ -156,13 +177,17 @@ class Estimate:
             return times if f"{parent.name}.{name}" in self.work else 0
         first = self._first(node, definition)
         size = 1
+        coordinate = f"{parent.name}.{name}"
         if is_list and first is not None:
             # A plain list with its own page size (Capsule.recipients).
             size, first = first, None
         elif is_list:
-            size = page if page is not None else ASSUMED_SIZES.get(f"{parent.name}.{name}", DEFAULT_LIST_SIZE)
+            size = page if page is not None else self.sizes.get(coordinate, DEFAULT_LIST_SIZE)
         count = times * size
-        return count + self.selection(node.selection_set, inner, count, first)
+        total = count + self.selection(node.selection_set, inner, count, first)
+        if is_list or first is not None:
+            self.lists[coordinate] += total
+        return total
 
 
 def coerced_variables(
@@ -176,28 +201,113 @@ def coerced_variables(
     return None if isinstance(coerced, list) else coerced
 
 
-def estimate_cost(
-    schema: GraphQLSchema, document: Any, operation_name: str | None, variables: Mapping[str, Any] | None
-) -> int:
-    """The operation's cost with these variables; with None, the most any
-    variables could make it cost (a document checked before anyone sends it)."""
+def _parts(
+    schema: GraphQLSchema, document: Any, operation_name: str | None
+) -> tuple[OperationDefinitionNode, GraphQLObjectType, dict[str, FragmentDefinitionNode]] | None:
     operation = get_operation_ast(document, operation_name)
     if operation is None:
-        return 0
+        return None
     root = {
         "query": schema.query_type,
         "mutation": schema.mutation_type,
         "subscription": schema.subscription_type,
     }[operation.operation.value]
     if root is None:
-        return 0
+        return None
+    fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
+    return operation, root, fragments
+
+
+def estimate(
+    schema: GraphQLSchema,
+    document: Any,
+    operation_name: str | None,
+    variables: Mapping[str, Any] | None,
+    sizes: Mapping[str, int] | None = None,
+) -> Estimate | None:
+    """The operation's estimate with these variables (None when nothing will
+    run); with no variables, the most any variables could make it cost (a
+    document checked before anyone sends it)."""
+    parts = _parts(schema, document, operation_name)
+    if parts is None:
+        return None
+    operation, root, fragments = parts
     coerced = None
     if variables is not None:
         coerced = coerced_variables(schema, operation, variables)
         if coerced is None:
-            return 0  # execution refuses the variables before anything runs
-    fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
-    return Estimate(schema, fragments, coerced).selection(operation.selection_set, root, 1, None)
+            return None  # execution refuses the variables before anything runs
+    found = Estimate(schema, fragments, coerced, sizes)
+    found.total = found.selection(operation.selection_set, root, 1, None)
+    return found
+
+
+def estimate_cost(
+    schema: GraphQLSchema, document: Any, operation_name: str | None, variables: Mapping[str, Any] | None
+) -> int:
+    """The operation's cost with these variables; with None, the most any
+    variables could make it cost (a document checked before anyone sends it)."""
+    found = estimate(schema, document, operation_name, variables)
+    return 0 if found is None else found.total
+
+
+class Actual:
+    """The actual cost of an answer: what `Estimate` counts, over what came
+    back. Selections of one response key are merged first, as execution
+    merges them, so each object in the answer counts once."""
+
+    def __init__(self, schema: GraphQLSchema, fragments: Mapping[str, FragmentDefinitionNode]) -> None:
+        self.fragments = fragments
+        self.work = work_fields(schema)
+
+    def _collect(self, selection_sets: list[SelectionSetNode], fields: dict[str, list[FieldNode]]) -> None:
+        for selection_set in selection_sets:
+            for selection in selection_set.selections:
+                if isinstance(selection, FieldNode):
+                    key = selection.alias.value if selection.alias else selection.name.value
+                    fields.setdefault(key, []).append(selection)
+                elif isinstance(selection, InlineFragmentNode):
+                    self._collect([selection.selection_set], fields)
+                elif isinstance(selection, FragmentSpreadNode):
+                    fragment = self.fragments.get(selection.name.value)
+                    if fragment is not None:
+                        self._collect([fragment.selection_set], fields)
+
+    def objects(self, selection_sets: list[SelectionSetNode], parent: GraphQLObjectType, value: Any) -> int:
+        if not isinstance(value, dict):
+            return 0
+        fields: dict[str, list[FieldNode]] = {}
+        self._collect(selection_sets, fields)
+        total = 0
+        for key, nodes in fields.items():
+            name = nodes[0].name.value
+            if name.startswith("__") or name not in parent.fields or key not in value:
+                continue
+            found = value[key]
+            inner, _ = _unwrap(parent.fields[name].type)
+            below = [node.selection_set for node in nodes if node.selection_set is not None]
+            if not isinstance(inner, GraphQLObjectType) or not below:
+                total += 1 if f"{parent.name}.{name}" in self.work and found is not None else 0
+                continue
+            total += sum(1 + self.objects(below, inner, item) for item in _objects(found))
+        return total
+
+
+def _objects(value: Any) -> Iterator[Any]:
+    if isinstance(value, list):
+        for item in value:
+            yield from _objects(item)
+    elif value is not None:
+        yield value
+
+
+def actual_cost(schema: GraphQLSchema, document: Any, operation_name: str | None, data: Any) -> int:
+    """What the answer `data` cost, counted as the estimate counts."""
+    parts = _parts(schema, document, operation_name)
+    if parts is None or data is None:
+        return 0
+    operation, root, fragments = parts
+    return Actual(schema, fragments).objects([operation.selection_set], root, data)
 
 
 def event_cost(info: Any) -> int:
@@ -205,8 +315,8 @@ def event_cost(info: Any) -> int:
     estimated with the operation's coerced variables (at least 1)."""
     raw = info._raw_info
     root = raw.schema.subscription_type
-    estimate = Estimate(raw.schema, raw.fragments, raw.variable_values)
-    return max(1, estimate.selection(raw.operation.selection_set, root, 1, None))
+    found = Estimate(raw.schema, raw.fragments, raw.variable_values)
+    return max(1, found.selection(raw.operation.selection_set, root, 1, None))
 
 
 def _lists(value: Any, path: str) -> Iterator[tuple[str, int]]:
@@ -223,17 +333,46 @@ def _lists(value: Any, path: str) -> Iterator[tuple[str, int]]:
 charged: ContextVar[BudgetState | None] = ContextVar("charged", default=None)
 
 
-async def refusal(
+@dataclass(frozen=True)
+class Admission:
+    """An operation let run: what it could cost, and, with a budget, the
+    viewer's bucket after taking that."""
+
+    requested: int
+    subject: str | None = None
+    state: BudgetState | None = None
+
+
+def _root_fields(document: Any, operation_name: str | None) -> set[str]:
+    operation = get_operation_ast(document, operation_name)
+    if operation is None:
+        return set()
+    fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
+    names: set[str] = set()
+    pending = [operation.selection_set]
+    while pending:
+        for selection in pending.pop().selections:
+            if isinstance(selection, FieldNode):
+                names.add(selection.name.value)
+            elif isinstance(selection, InlineFragmentNode):
+                pending.append(selection.selection_set)
+            elif isinstance(selection, FragmentSpreadNode) and selection.name.value in fragments:
+                pending.append(fragments.pop(selection.name.value).selection_set)
+    return names
+
+
+async def admit(
     context: Context,
     schema: GraphQLSchema,
     document: Any,
     operation_name: str | None,
     variables: Mapping[str, Any] | None,
     operation_type: OperationType,
-) -> GraphQLError | None:
-    """Why the operation may not run (too long a list in its variables, a cost
-    over the limit, the viewer's budget spent), or None: then its points are
-    spent (a subscription pays per event delivered instead)."""
+) -> Admission | GraphQLError:
+    """The operation's admission, or why it may not run (too long a list in its
+    variables, a cost over the limit, the viewer's bucket short of its cost).
+    A query or mutation takes its requested cost from the bucket now (`settle`
+    gives back what it does not use); a subscription pays per event delivered."""
     variables = variables or {}
     for name, value in variables.items():
         for path, length in _lists(value, f"${name}"):
@@ -241,51 +380,118 @@ async def refusal(
             if length > bound:
                 error = BadInput(f"{path} holds {length} items; at most {bound} are accepted")
                 return GraphQLError(error.message, original_error=error)
+    sizes: dict[str, int] = {}
+    signed_in = context.signed_in_error() is None
+    if (
+        signed_in
+        and operation_type is OperationType.QUERY
+        and "myFamilies" in _root_fields(document, operation_name)
+    ):
+        sizes[MY_FAMILIES] = await families.my_family_count(context)
+    found = estimate(schema, document, operation_name, variables, sizes)
+    requested = 0 if found is None else found.total
     limit = context.services.settings.max_query_cost
-    estimated = estimate_cost(schema, document, operation_name, variables)
-    if estimated <= limit:
-        return await _charge(context, estimated, operation_type)
-    message = (
-        f"this operation could cost {estimated}, over the limit of {limit}: "
-        "ask for smaller pages (first) or fewer nested lists"
-    )
-    return GraphQLError(
-        message, extensions={"code": "BAD_USER_INPUT", "cost": {"estimated": estimated, "limit": limit}}
-    )
+    if found is not None and requested > limit:
+        costliest, its_cost = found.lists.most_common(1)[0] if found.lists else ("", 0)
+        message = f"this operation could cost {requested}, over the limit of {limit}"
+        if costliest:
+            message += f"; the list that costs most is {costliest} ({its_cost} with what it holds)"
+        message += ": ask for smaller pages (first) or fewer nested lists"
+        extensions = {
+            "code": "BAD_USER_INPUT",
+            "cost": {
+                "estimated": requested,
+                "limit": limit,
+                "requestedQueryCost": requested,
+                "costliestList": costliest or None,
+            },
+        }
+        return GraphQLError(message, extensions=extensions)
+    if not signed_in or operation_type is OperationType.SUBSCRIPTION:
+        return Admission(requested)
+    return await _charge(context, requested)
 
 
-async def _charge(context: Context, estimated: int, operation_type: OperationType) -> GraphQLError | None:
-    """Spends the operation's points of the viewer's budget; subscriptions
-    pay per event delivered instead."""
-    rates = context.services.rates
-    if not rates.budget.enabled or context.signed_in_error() is not None:
-        return None
-    if operation_type is OperationType.SUBSCRIPTION:
-        return None
+async def _charge(context: Context, requested: int) -> Admission | GraphQLError:
+    """Takes the operation's requested cost from the viewer's bucket."""
+    budget = context.services.rates.budget
+    if not budget.enabled:
+        return Admission(requested)
+    # The token's subject: making the person's profile is the operation's work, not its admission's.
+    subject = f"user:{context.signed_in_id()}"
     try:
-        state = await rates.budget.charge(
-            f"user:{await context.viewer_id()}", max(1, estimated), context.services.now()
-        )
+        state = await budget.charge(subject, max(1, requested), context.services.now())
     except ApiError as error:
         return GraphQLError(error.message, extensions={"code": error.code, **error.extensions})
+    except StoreError:
+        # A budget the store cannot keep now lets the operation through: it
+        # meets the same store, and its own error says what became of it.
+        log.warning("the cost budget could not be charged", exc_info=True)
+        return Admission(requested)
     charged.set(state)
-    return None
+    return Admission(requested, subject, state)
+
+
+def settle(
+    context: Context,
+    admission: Admission,
+    schema: GraphQLSchema,
+    document: Any,
+    operation_name: str | None,
+    data: Any,
+) -> dict[str, Any]:
+    """Once the operation has run: its actual cost, counted from its answer,
+    and what it did not use given back to the bucket. Shopify's
+    `extensions.cost`."""
+    actual = actual_cost(schema, document, operation_name, data)
+    cost: dict[str, Any] = {"requestedQueryCost": admission.requested, "actualQueryCost": actual}
+    state = admission.state
+    if state is not None and admission.subject is not None:
+        unused = max(1, admission.requested) - max(1, actual)
+        state = context.services.rates.budget.refund(admission.subject, state, unused, context.services.now())
+        cost["throttleStatus"] = state.throttle_status()
+    return {"cost": cost}
 
 
 class QueryCost(SchemaExtension):
+    admission: Admission | None = None
+    results: dict[str, Any] | None = None
+
     async def on_execute(self) -> AsyncIterator[None]:
         execution_context = self.execution_context
         context = execution_context.context
         document = execution_context.graphql_document
+        graphql_schema = execution_context.schema._schema
         if isinstance(context, Context) and document is not None and execution_context.result is None:
-            refused = await refusal(
+            admitted = await admit(
                 context,
-                execution_context.schema._schema,
+                graphql_schema,
                 document,
                 execution_context.operation_name,
                 execution_context.variables,
                 execution_context.operation_type,
             )
-            if refused is not None:
-                refuse(execution_context, refused)
+            if isinstance(admitted, GraphQLError):
+                refuse(execution_context, admitted)
+            else:
+                self.admission = admitted
         yield
+        result = execution_context.result
+        if (
+            self.admission is not None
+            and isinstance(context, Context)
+            and execution_context.operation_type is not OperationType.SUBSCRIPTION
+            and result is not None
+            and not isinstance(result, AsyncIterator)
+        ):
+            self.results = settle(
+                context,
+                self.admission,
+                graphql_schema,
+                document,
+                execution_context.operation_name,
+                getattr(result, "data", None),
+            )
+
+    def get_results(self) -> dict[str, Any]:
+        return self.results or {}

@@ -11,12 +11,13 @@ next runs take the same steps the extensions take, as the same functions and
 in the same order, without the extension objects:
 
 1. fresh loaders, and the operation's name in the log context;
-2. the request counted; the cost of these variables checked, and charged to
-   the viewer's budget (`schema.cost.refusal`);
+2. the request counted; the cost of these variables checked, and taken from
+   the viewer's bucket (`schema.cost.admit`);
 3. graphql-core's execution, with the schema's execution context (the read
    guard, the deadline, the turns) exactly as Strawberry calls it;
 4. every error relabelled with its contract code (`schema.errors`), counted
-   by code; a GET answer's cache headers (`schema.caching`).
+   by code; a GET answer's cache headers (`schema.caching`); the actual cost
+   counted and the unused points given back (`schema.cost.settle`).
 
 A subscription is prepared the same way (`stream`), and there it saves
 memory as well as time: Strawberry keeps an operation's extension instances,
@@ -197,11 +198,11 @@ async def run(schema: Any, prepared: Prepared, call: Call, *, counted: bool) -> 
     try:
         started = time.perf_counter()
         try:
-            refused = await cost.refusal(
+            admitted = await cost.admit(
                 context, graphql_schema, prepared.document, prepared.name, variables, prepared.operation_type
             )
-            if refused is not None:
-                result: GraphQLExecutionResult = GraphQLExecutionResult(data=None, errors=[refused])
+            if isinstance(admitted, GraphQLError):
+                result: GraphQLExecutionResult = GraphQLExecutionResult(data=None, errors=[admitted])
             else:
                 result = await await_maybe(
                     execute(
@@ -230,7 +231,12 @@ async def run(schema: Any, prepared: Prepared, call: Call, *, counted: bool) -> 
     if metrics is not None:
         count_errors(metrics, label, result.errors)
     set_cache_headers(context, introspection=False)
-    return ExecutionResult(data=result.data, errors=result.errors, extensions={})
+    extensions = (
+        {}
+        if isinstance(admitted, GraphQLError)
+        else cost.settle(context, admitted, graphql_schema, prepared.document, prepared.name, result.data)
+    )
+    return ExecutionResult(data=result.data, errors=result.errors, extensions=extensions)
 
 
 async def stream(
@@ -258,7 +264,7 @@ async def stream(
 
     graphql_schema: GraphQLSchema = schema._schema
     try:
-        refused = await cost.refusal(
+        admitted = await cost.admit(
             context, graphql_schema, prepared.document, prepared.name, variables, prepared.operation_type
         )
     except asyncio.CancelledError:
@@ -266,10 +272,10 @@ async def stream(
     except Exception as error:
         yield failed(error)
         return
-    if refused is not None:
+    if isinstance(admitted, GraphQLError):
         # As the cost extension refuses it: the stream's one result, before its
         # execution phase starts.
-        yield answer(GraphQLExecutionResult(data=None, errors=[refused]))
+        yield answer(GraphQLExecutionResult(data=None, errors=[admitted]))
         return
     started = time.perf_counter()
     source: AsyncIterator[GraphQLExecutionResult] | GraphQLExecutionResult

@@ -20,13 +20,16 @@ from schema.tag import TagConnection, TagStatus, tag_connection
 from schema.user import User
 
 
-@strawberry.type(description="a person's cost budget, GitHub's model: points per minute")
+@strawberry.type(
+    description="a person's cost budget: a bucket of points that operations take from and that refills "
+    "at a steady rate (extensions.cost has the same state in Shopify's names)"
+)
 class RateLimit:
-    limit: int = strawberry.field(description="points a minute")
-    cost: int = strawberry.field(description="what this operation cost")
-    used: int = strawberry.field(description="points spent this minute, this operation's included")
+    limit: int = strawberry.field(description="the points the bucket holds when full")
+    cost: int = strawberry.field(description="what this operation could cost, taken when it started")
+    used: int = strawberry.field(description="points out of the bucket, this operation's included")
     remaining: int
-    reset_at: datetime = strawberry.field(description="when the minute's points come back")
+    reset_at: datetime = strawberry.field(description="when the bucket is full again")
 
 
 @strawberry.type

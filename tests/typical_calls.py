@@ -18,6 +18,20 @@ from typing import Any, Protocol
 FEED_QUERY = """query Feed($id: ID!) { family(id: $id) { feed(first: 20) { edges { node {
   id author { givenName } reactions { emoji count } viewerReactions commentCount tags { value }
   comments(first: 3) { edges { node { body author { givenName } } } } } } } } }"""
+# The first screen a frontend writes: the viewer, their families with members
+# and a feed of 20 (reactions, tags, authors, first comments), notifications.
+HOME_QUERY = """query Home {
+  me { id givenName familyName profileImageUrl }
+  myFamilies { role family { id name viewerRole
+    members(first: 10) { edges { node { role user { id givenName profileImageUrl } } } }
+    feed(first: 20) { edges { cursor node {
+      id type status title thumbnailUrl createdAt
+      author { id givenName profileImageUrl }
+      reactions { emoji count } viewerReactions commentCount tags { value }
+      comments(first: 3) { edges { node { id body author { givenName } } } } } }
+      pageInfo { hasNextPage endCursor } } } }
+  notifications(first: 20) { edges { node { id type read createdAt family { id name } content { id title } } } }
+}"""
 CREATE_FAMILY = """mutation($input: CreateFamilyInput!) {
   createFamily(input: $input) { id inviteCode } }"""
 JOIN = "mutation($code: String!) { joinFamily(inviteCode: $code) { role } }"

@@ -1,32 +1,47 @@
-"""The cost budget's counter in Redis, where Redis is configured: one key per
-person and minute, spent by a script so that the check and the increment are
-one step for every process (a budget is charged on every operation, and a
-Redis round trip is cheaper than a conditional write to the table).
+"""The cost budget's buckets in Redis, where Redis is configured: one key per
+person holding when their bucket is full again, charged by a script so that
+the check and the charge are one step for every process (a budget is charged
+on every operation, and a Redis round trip is cheaper than a conditional write
+to the table).
 
-If Redis does not answer, the budget is counted in the table until it does:
-the budget still holds, though a person could spend up to a second budget
-during the minute Redis went or came back. It never turns a request away
-because Redis is down."""
+If Redis does not answer, the buckets are kept in the table until it does:
+the budget still holds, though a person could spend up to a second bucket
+while Redis went or came back. It never turns a request away because Redis is
+down."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-from resolvers.core.ratelimit import BUDGET_SECONDS, BudgetCounter
+from resolvers.core.ratelimit import Bucket, BudgetCounter
 
 log = logging.getLogger(__name__)
 
-# KEYS[1]: the person's minute; ARGV: cost, limit, when the key expires.
+# KEYS[1]: the person's bucket; ARGV: now, the cost's time, the latest full_at
+# with room for it (all microseconds). The key expires once the bucket is full.
 SPEND = """
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
-local cost = tonumber(ARGV[1])
-if used + cost > tonumber(ARGV[2]) then
+local now = tonumber(ARGV[1])
+local full_at = tonumber(redis.call('GET', KEYS[1]) or '0')
+if full_at > tonumber(ARGV[3]) then
   return -1
 end
-used = redis.call('INCRBY', KEYS[1], cost)
-redis.call('EXPIREAT', KEYS[1], tonumber(ARGV[3]))
-return used
+if full_at < now then
+  full_at = now
+end
+full_at = full_at + tonumber(ARGV[2])
+redis.call('SET', KEYS[1], string.format('%d', full_at), 'PXAT', math.floor(full_at / 1000) + 1000)
+return full_at
+"""
+# KEYS[1]: the person's bucket; ARGV: now, the refund's time.
+REFUND = """
+local full_at = tonumber(redis.call('GET', KEYS[1]) or '0')
+if full_at <= tonumber(ARGV[1]) then
+  return 0
+end
+full_at = full_at - tonumber(ARGV[2])
+redis.call('SET', KEYS[1], string.format('%d', full_at), 'KEEPTTL')
+return 1
 """
 # A stalled Redis must not stall every operation behind it.
 TIMEOUT_SECONDS = 1.0
@@ -40,43 +55,56 @@ class RedisBudgetCounter:
             url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=TIMEOUT_SECONDS
         )
         self._spend = self._redis.register_script(SPEND)
+        self._refund = self._redis.register_script(REFUND)
         self._fallback = fallback
         self._prefix = prefix
         self._down = False
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
 
-    def _key(self, subject: str, window: int) -> str:
-        return f"{self._prefix}budget:{subject}:{window}"
+    def _key(self, subject: str) -> str:
+        return f"{self._prefix}bucket:{subject}"
 
-    async def spend(self, subject: str, window: int, cost: int, limit: int) -> int | None:
-        # The key outlives its minute by one more, for processes whose clocks differ a little.
-        expires = window + 2 * BUDGET_SECONDS
+    async def spend(self, subject: str, cost: int, bucket: Bucket, now: int) -> int | None:
+        if cost > bucket.size:
+            return None
+        latest = now + bucket.micros(bucket.size - cost)
         try:
-            used = int(await self._spend(keys=[self._key(subject, window)], args=[cost, limit, expires]))
+            full_at = int(
+                await self._spend(keys=[self._key(subject)], args=[now, bucket.micros(cost), latest])
+            )
         except self._errors as error:
             self._went(error)
-            return await self._fallback.spend(subject, window, cost, limit)
+            return await self._fallback.spend(subject, cost, bucket, now)
         self._back()
-        return None if used < 0 else used
+        return None if full_at < 0 else full_at
 
-    async def used(self, subject: str, window: int) -> int:
+    async def refund(self, subject: str, points: int, bucket: Bucket, now: int) -> None:
         try:
-            found = await self._redis.get(self._key(subject, window))
+            await self._refund(keys=[self._key(subject)], args=[now, bucket.micros(points)])
         except self._errors as error:
             self._went(error)
-            return await self._fallback.used(subject, window)
+            await self._fallback.refund(subject, points, bucket, now)
+            return
+        self._back()
+
+    async def full_at(self, subject: str) -> int:
+        try:
+            found = await self._redis.get(self._key(subject))
+        except self._errors as error:
+            self._went(error)
+            return await self._fallback.full_at(subject)
         self._back()
         return int(found or 0)
 
     def _went(self, error: BaseException) -> None:
         if not self._down:
             self._down = True
-            log.warning("Redis is not answering (%s); the cost budget is counted in the table", error)
+            log.warning("Redis is not answering (%s); the cost budget is kept in the table", error)
 
     def _back(self) -> None:
         if self._down:
             self._down = False
-            log.warning("Redis answers again; the cost budget is counted there")
+            log.warning("Redis answers again; the cost budget is kept there")
 
     async def close(self) -> None:
         await self._redis.aclose()

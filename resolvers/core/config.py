@@ -122,10 +122,15 @@ class Settings(BaseSettings):
     multipart_threshold_bytes: Annotated[int, Field(ge=0)] = 16 * MIB
     multipart_part_bytes: Annotated[int, Field(ge=MIN_PART_BYTES, le=MAX_PART_BYTES)] = 8 * MIB
     max_body_bytes: int = 1024 * 1024
-    max_query_cost: int = 5_000
-    # Cost points one person may spend a minute, across operations and the
-    # subscription events delivered to them; 0 is no budget.
-    cost_budget: Annotated[int, Field(ge=0)] = 0
+    # The most one operation may ask for: a bucket's worth, so that a screen
+    # the budget admits is never refused for its shape. The loop's turns and
+    # the operation deadline bound what one operation does to others.
+    max_query_cost: int = 10_000
+    # Each person's leaky bucket of cost points (Shopify's model): it holds
+    # `cost_budget` points, operations and subscription events take what they
+    # cost, and `cost_restore_rate` points a second flow back. 0 turns it off.
+    cost_budget: Annotated[int, Field(ge=0)] = 10_000
+    cost_restore_rate: Annotated[float, Field(gt=0)] = 500.0
     # Live subscriptions at once: per person across every connection, transport
     # and process; per WebSocket connection.
     max_subscriptions_per_person: Annotated[int, Field(ge=1)] = 50

@@ -141,6 +141,14 @@ class Context:
             return TokenExpired()
         return None
 
+    def signed_in_id(self) -> str:
+        """The signed-in user's id as the token says, without creating their
+        User (what counts against them before the operation runs)."""
+        refusal = self.signed_in_error()
+        if refusal is not None or self.claims is None:
+            raise refusal or Unauthenticated("sign in: send a Bearer token")
+        return self.claims.sub
+
     async def viewer_id(self) -> str:
         """The signed-in user's id; creates their User on their first request."""
         refusal = self.signed_in_error()

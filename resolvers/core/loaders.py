@@ -110,6 +110,9 @@ class Loaders:
         # decodes a comment's content once per comment otherwise. An item the
         # operation changes is a new object, so it is decoded anew.
         self._decoded: dict[tuple[type, int], tuple[Item, Any]] = {}
+        # Reads made before execution for its sake, taken once by the resolver
+        # that would make them (the viewer's families, read to size an estimate).
+        self.prefetched: dict[str, Any] = {}
 
     @property
     def query(self) -> QueryLoader:

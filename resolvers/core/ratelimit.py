@@ -25,7 +25,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -102,13 +102,13 @@ class RateLimiter:
         table: Table,
         limits: Mapping[str, Limit],
         *,
-        cost_budget: int = 0,
+        cost_bucket: Bucket | None = None,
         budget_counter: BudgetCounter | None = None,
         streams_per_person: int = 50,
     ) -> None:
         self.table = table
         self.limits = limits
-        self.budget = CostBudget(budget_counter or TableBudgetCounter(table), cost_budget)
+        self.budget = CostBudget(budget_counter or TableBudgetCounter(table), cost_bucket or Bucket(0, 1))
         self.streams = StreamSlots(table, streams_per_person)
 
     def _window(self, action: str, now: datetime) -> tuple[Limit, int, float] | None:
@@ -207,22 +207,74 @@ class RateLimiter:
 
 # The cost budget ------------------------------------------------------------------
 
-BUDGET_SECONDS = 60
+MICROS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """A leaky bucket of cost points, Shopify's model: it holds `size` points,
+    an operation takes what it costs, and `restore_rate` points a second flow
+    back in."""
+
+    size: int
+    restore_rate: float
+
+    @property
+    def enabled(self) -> bool:
+        return self.size > 0 and self.restore_rate > 0
+
+    def micros(self, points: int) -> int:
+        """How long `points` take to flow back, in microseconds."""
+        return math.ceil(points * MICROS / self.restore_rate)
+
+    def available(self, full_at: int, now: int) -> int:
+        """Points in the bucket at `now` when it is full again at `full_at`
+        (both in microseconds since the epoch)."""
+        missing = max(0, full_at - now) * self.restore_rate / MICROS
+        return max(0, self.size - math.ceil(missing))
 
 
 @dataclass(frozen=True)
 class BudgetState:
-    """GitHub's `rateLimit`: what this charge cost, what is left of the
-    minute's points and when they come back (seconds since the epoch)."""
+    """A person's bucket after a charge: what it cost, what is left, and when
+    the bucket is full again. Shopify's `throttleStatus`, and GitHub's
+    `rateLimit` names for `Query.rateLimit`."""
 
-    limit: int
+    bucket: Bucket
     cost: int
-    used: int
-    reset_at: int
+    available: int
+    full_at: float  # seconds since the epoch
+
+    @property
+    def limit(self) -> int:
+        return self.bucket.size
 
     @property
     def remaining(self) -> int:
-        return max(0, self.limit - self.used)
+        return self.available
+
+    @property
+    def used(self) -> int:
+        return self.bucket.size - self.available
+
+    @property
+    def reset_at(self) -> int:
+        return math.ceil(self.full_at)
+
+    def refunded(self, points: int) -> BudgetState:
+        return BudgetState(
+            self.bucket,
+            self.cost - points,
+            min(self.bucket.size, self.available + points),
+            self.full_at - points / self.bucket.restore_rate,
+        )
+
+    def throttle_status(self) -> dict[str, object]:
+        return {
+            "maximumAvailable": self.bucket.size,
+            "currentlyAvailable": self.available,
+            "restoreRate": self.bucket.restore_rate,
+        }
 
     def extensions(self) -> dict[str, object]:
         return {
@@ -235,89 +287,148 @@ class BudgetState:
 
 
 class BudgetCounter(Protocol):
-    """Where the points a person spent this minute are counted, for every process."""
+    """Where each person's bucket is kept, for every process. A bucket is one
+    number, the moment it is full again (`full_at`, microseconds since the
+    epoch): the generic cell rate algorithm, so that a charge is one atomic
+    step and nothing has to drip."""
 
-    async def spend(self, subject: str, window: int, cost: int, limit: int) -> int | None:
-        """Adds `cost` to `subject`'s count for `window` (a minute's start, in
-        seconds since the epoch) if the count stays within `limit`, atomically:
-        the count after, or None when it would not fit."""
+    async def spend(self, subject: str, cost: int, bucket: Bucket, now: int) -> int | None:
+        """Takes `cost` points if the bucket holds them at `now`, atomically:
+        `full_at` after, or None when they do not fit (nothing taken)."""
         ...
 
-    async def used(self, subject: str, window: int) -> int: ...
+    async def refund(self, subject: str, points: int, bucket: Bucket, now: int) -> None:
+        """Gives back `points` taken by a charge (never above a full bucket)."""
+        ...
+
+    async def full_at(self, subject: str) -> int:
+        """When the bucket is full again (0: never charged, or long ago)."""
+        ...
 
 
 class TableBudgetCounter:
-    """One counter item per person, updated under the condition that the points
-    fit, so processes racing cannot overspend it."""
+    """One item per person holding `full_at`, written under a condition that
+    the points fit, so processes racing cannot overspend it. A charge is one
+    conditional write: onto a bucket that is full (start from now), or onto
+    one that is not (add the cost's time), whichever it is."""
 
     def __init__(self, table: Table) -> None:
         self.table = table
 
-    async def spend(self, subject: str, window: int, cost: int, limit: int) -> int | None:
-        if cost > limit:
+    async def spend(self, subject: str, cost: int, bucket: Bucket, now: int) -> int | None:
+        if cost > bucket.size:
             return None
         key = keys.rate(subject, "cost")
-        add = Update(
+        took = bucket.micros(cost)
+        # The latest `full_at` with room for `cost`: the bucket then holds size - cost.
+        latest = now + bucket.micros(bucket.size - cost)
+        # DynamoDB's TTL may delete the item once the bucket is full anyway.
+        expires = (now + bucket.micros(bucket.size)) // MICROS + 2
+        onto_full = Update(
             key,
-            add={"count": cost},
-            condition=all_of(eq("window", window), Compare("count", "<=", limit - cost)),
+            set={"fullAt": now + took, TTL_ATTRIBUTE: expires},
+            condition=any_of(NotExists(), Compare("fullAt", "<=", now)),
         )
-        start = Update(
+        onto_partial = Update(
             key,
-            set={"window": window, "count": cost, TTL_ATTRIBUTE: window + BUDGET_SECONDS},
-            condition=any_of(NotExists(), Compare("window", "<", window)),
+            add={"fullAt": took},
+            set={TTL_ATTRIBUTE: expires},
+            condition=all_of(Compare("fullAt", ">", now), Compare("fullAt", "<=", latest)),
         )
         for _ in range(ATTEMPTS):
-            for update in (add, start):
+            for update in (onto_partial, onto_full):
                 try:
                     item = await self.table.update(update)
                 except ConditionFailed:
                     continue
-                return int(item["count"])
-            if await self.used(subject, window) + cost > limit:
+                return int(item["fullAt"])
+            if await self.full_at(subject) > latest:
                 return None
         return None
 
-    async def used(self, subject: str, window: int) -> int:
+    async def refund(self, subject: str, points: int, bucket: Bucket, now: int) -> None:
+        # Below `now` it means a full bucket, as any `full_at` in the past does.
+        with contextlib.suppress(ConditionFailed):
+            await self.table.update(
+                Update(
+                    keys.rate(subject, "cost"),
+                    add={"fullAt": -bucket.micros(points)},
+                    condition=Compare("fullAt", ">", now),
+                )
+            )
+
+    async def full_at(self, subject: str) -> int:
         item = await self.table.get(keys.rate(subject, "cost"))
-        return int(item.get("count", 0)) if item is not None and item.get("window") == window else 0
+        return int(item["fullAt"]) if item is not None and "fullAt" in item else 0
+
+
+def _micros(moment: datetime) -> int:
+    return int(moment.timestamp() * MICROS)
 
 
 class CostBudget:
-    """Cost points a person may spend a minute, across every operation and
-    every subscription event delivered to them, shared by every process
-    through `counter` (the table's, or Redis's where it is configured)."""
+    """Each person's bucket of cost points, across every operation and every
+    subscription event delivered to them, shared by every process through
+    `counter` (the table's, or Redis's where it is configured).
 
-    def __init__(self, counter: BudgetCounter, points: int) -> None:
+    An operation is admitted by what it could cost and charged that before it
+    runs; what it did not use (lists that came back short) is refunded after.
+    A refund is not waited for: the answer already says what it gave back."""
+
+    def __init__(self, counter: BudgetCounter, bucket: Bucket) -> None:
         self.counter = counter
-        self.points = points
+        self.bucket = bucket
         # Deliveries being charged together, by person (`charge_delivery`).
         self._deliveries: dict[str, _Deliveries] = {}
+        self._refunds: set[asyncio.Task[None]] = set()
 
     @property
     def enabled(self) -> bool:
-        return self.points > 0
+        return self.bucket.enabled
 
     async def charge(self, subject: str, cost: int, now: datetime) -> BudgetState | None:
-        """Spends `cost` points of `subject`'s minute; RATE_LIMITED with
-        `retryAfter` and `rateLimit` (the budget's state) when they do not fit.
-        None when there is no budget."""
+        """Takes `cost` points of `subject`'s bucket; RATE_LIMITED with
+        `retryAfter`, `rateLimit` and `cost.throttleStatus` when they are not
+        there. None when there is no budget."""
         if not self.enabled:
             return None
-        moment = now.timestamp()
-        window = _minute(moment)
-        reset_at = window + BUDGET_SECONDS
-        used = await self.counter.spend(subject, window, cost, self.points)
-        if used is not None:
-            return BudgetState(self.points, cost, used, reset_at)
+        moment = _micros(now)
+        full_at = await self.counter.spend(subject, cost, self.bucket, moment)
+        if full_at is not None:
+            return BudgetState(self.bucket, cost, self.bucket.available(full_at, moment), full_at / MICROS)
         state = await self.state(subject, now)
-        retry_after = max(1, math.ceil(reset_at - moment))
+        if cost > self.bucket.size:
+            raise RateLimited(
+                f"this costs {cost} points, more than the {self.bucket.size} your budget holds; "
+                "ask for smaller pages (first) or fewer nested lists",
+                rateLimit=replace(state, cost=cost).extensions(),
+                cost={"requestedQueryCost": cost, "throttleStatus": state.throttle_status()},
+            )
+        retry_after = max(1, math.ceil((cost - state.available) / self.bucket.restore_rate))
         raise RateLimited(
-            f"this costs {cost} points and {state.remaining} of your {self.points} a minute are left; "
-            f"try again in {retry_after} s",
+            f"this costs {cost} points and {state.available} of your {self.bucket.size} are there "
+            f"({_rate(self.bucket.restore_rate)} come back a second); try again in {retry_after} s",
             retryAfter=retry_after,
-            rateLimit={**BudgetState(self.points, cost, state.used, reset_at).extensions()},
+            rateLimit=replace(state, cost=cost).extensions(),
+            cost={"requestedQueryCost": cost, "throttleStatus": state.throttle_status()},
         )
+
+    def refund(self, subject: str, state: BudgetState, points: int, now: datetime) -> BudgetState:
+        """Gives back `points` of a charge that cost less than it could; the
+        state after, at once (the write follows on its own)."""
+        if points <= 0:
+            return state
+
+        async def give_back() -> None:
+            try:
+                await self.counter.refund(subject, points, self.bucket, _micros(now))
+            except Exception:  # the store's failure: the person paid a little more, nothing else
+                log.warning("could not refund %d cost points", points, exc_info=True)
+
+        task = asyncio.get_running_loop().create_task(give_back())
+        self._refunds.add(task)
+        task.add_done_callback(self._refunds.discard)
+        return state.refunded(points)
 
     async def charge_delivery(self, subject: str, cost: int, now: datetime) -> None:
         """`charge` for one subscription event, together with every other event
@@ -354,9 +465,20 @@ class CostBudget:
         pending.task = asyncio.get_running_loop().create_task(spend())
 
     async def state(self, subject: str, now: datetime) -> BudgetState:
-        window = _minute(now.timestamp())
-        used = await self.counter.used(subject, window)
-        return BudgetState(self.points, 0, used, window + BUDGET_SECONDS)
+        full_at = await self.counter.full_at(subject)
+        moment = _micros(now)
+        return BudgetState(
+            self.bucket, 0, self.bucket.available(full_at, moment), max(full_at, moment) / MICROS
+        )
+
+    async def drain(self) -> None:
+        """Waits for the refunds on their way (a server stopping, a test)."""
+        while self._refunds:
+            await asyncio.gather(*list(self._refunds), return_exceptions=True)
+
+
+def _rate(points: float) -> str:
+    return f"{points:g}"
 
 
 @dataclass
@@ -371,10 +493,6 @@ def _retrieved(future: asyncio.Future[None]) -> None:
     # Its waiters may all have gone (their streams closed): nothing to log then.
     if not future.cancelled():
         future.exception()
-
-
-def _minute(moment: float) -> int:
-    return int(moment // BUDGET_SECONDS * BUDGET_SECONDS)
 
 
 # Live subscriptions at once --------------------------------------------------------

@@ -117,11 +117,24 @@ async def admin_family(ctx: Context, family_id: str) -> tuple[Family, Membership
 
 
 async def my_memberships(ctx: Context) -> list[Membership]:
-    return await _memberships(ctx, await _mirrors(ctx))
+    mirrors = ctx.loaders.prefetched.pop(MY_FAMILIES, None)
+    return await _memberships(ctx, mirrors if mirrors is not None else await _mirrors(ctx))
 
 
-async def _mirrors(ctx: Context) -> list[items.UserFamily]:
-    viewer = await ctx.viewer_id()
+MY_FAMILIES = "my-families"
+
+
+async def my_family_count(ctx: Context) -> int:
+    """How many families the viewer is in: what `myFamilies` will list. The
+    read is kept for `my_memberships`, so the operation makes it once."""
+    # Before the operation runs: the token's subject, without making their profile (the resolver does).
+    mirrors = await _mirrors(ctx, ctx.signed_in_id())
+    ctx.loaders.prefetched[MY_FAMILIES] = mirrors
+    return len(mirrors)
+
+
+async def _mirrors(ctx: Context, viewer: str | None = None) -> list[items.UserFamily]:
+    viewer = viewer or await ctx.viewer_id()
     page = await ctx.table.query(keys.user_pk(viewer), SortKey.begins_with(keys.USER_FAMILY_PREFIX))
     return [items.UserFamily.from_item(item) for item in page.items]
 

@@ -497,8 +497,10 @@ _FAILED: Any = object()
 class _OpeningReceiver:
     """A capsuleUnlocked stream's part in an `_Opening`: what its own loop does
     for a live opening (the read rule, the seen ids, its place), done from the
-    opening's turn. Only where no budget is charged per event: a charge is a
-    write, and one turn would make them one after another."""
+    opening's turn. Its event is not charged to the stream's budget: an
+    opening is executed once for all its recipients, a charge would be a write
+    per person in one turn, and what openings there are is bounded by their
+    creators' own capsule limit."""
 
     __slots__ = ("ctx", "frames", "place", "seen", "viewer")
 
@@ -510,7 +512,7 @@ class _OpeningReceiver:
         self.frames = frames
 
     def offer(self, event: Event, inbox: Held) -> bool:
-        if event.get("kind") != "capsule" or self.ctx.services.rates.budget.enabled:
+        if event.get("kind") != "capsule":
             return False
         capsule_id, unlocked_at = str(event["capsuleId"]), str(event["unlockedAt"])
         if not keys.usable_id(capsule_id) or not keys.usable_id(unlocked_at):

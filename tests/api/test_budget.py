@@ -1,8 +1,11 @@
-"""A budget of cost points per person and minute (`MIFAMILIAS_COST_BUDGET`),
-in process on both engines: operations spend their estimate, subscription
-events (replayed or live) spend their own cost as they are delivered, and
-past the budget the answer is RATE_LIMITED with `retryAfter` and the budget's
-state, GitHub's `rateLimit` model."""
+"""Each person's leaky bucket of cost points (`MIFAMILIAS_COST_BUDGET`,
+`MIFAMILIAS_COST_RESTORE_RATE`), in process on both engines: an operation is
+admitted by its requested cost and charged its actual cost (Shopify's
+`extensions.cost`), subscription events (replayed or live) take their own cost
+as they are delivered, and with the bucket short the answer is RATE_LIMITED
+with `retryAfter` and the bucket's state (GitHub's `rateLimit` names too). On
+the default settings, the home screen is admitted, a person at a human pace is
+never throttled, and one hammering heavy queries is within seconds."""
 
 from __future__ import annotations
 
@@ -15,75 +18,154 @@ import pytest
 
 from tests.api.conftest import Api, running_api
 from tests.api.test_resume import NOTES, note_for, stream
-from tests.factories import family_with_members
+from tests.factories import family_with_members, settle, upload
+from tests.typical_calls import HOME_QUERY, VIEWERS, build_world
 
 pytestmark = pytest.mark.usefixtures("turns_without_time")
 
 BUDGET = 10
+RESTORE = 1.0  # a point a second: the fake clock's own ticks (3 ms a reading) refill nothing whole
 # `me` and `rateLimit` are one object each: 2 points.
 ME = "{ me { id } rateLimit { limit cost used remaining resetAt } }"
 
 
-def next_minute(api: Api) -> None:
-    """The fake clock at the start of the next minute: a fresh budget."""
-    api.clock.advance(seconds=60 - api.clock().timestamp() % 60)
-
-
 @pytest.fixture(params=["sqlite", "dynamodb"])
 async def budget_api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Api]:
-    async with running_api(request.param, "local", tmp_path, request, cost_budget=BUDGET) as api:
+    async with running_api(
+        request.param, "local", tmp_path, request, cost_budget=BUDGET, cost_restore_rate=RESTORE
+    ) as api:
         yield api
 
 
-async def test_operations_spend_the_budget_then_are_refused_until_the_minute_turns(budget_api: Api) -> None:
+@pytest.fixture(params=["sqlite", "dynamodb"])
+async def default_api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Api]:
+    """The settings a fresh deployment gets."""
+    async with running_api(request.param, "local", tmp_path, request) as api:
+        yield api
+
+
+async def test_operations_take_from_the_bucket_then_wait_for_it_to_refill(budget_api: Api) -> None:
     api = budget_api
     await api.sign_in("ana", "ben")
-    next_minute(api)
+    api.clock.advance(seconds=BUDGET / RESTORE)  # the sign-ins' points are back: a full bucket
     states = [(await api.ok(ME, as_="ana"))["rateLimit"] for _ in range(BUDGET // 2)]
     assert [s["used"] for s in states] == [2, 4, 6, 8, 10]
-    assert states[-1] == {
-        "limit": BUDGET,
-        "cost": 2,
-        "used": 10,
-        "remaining": 0,
-        "resetAt": states[0]["resetAt"],
-    }
+    assert states[-1]["limit"] == BUDGET and states[-1]["cost"] == 2 and states[-1]["remaining"] == 0
     api.table.reset()  # type: ignore[attr-defined]
     body = await api.post(ME, as_="ana")
     assert body["data"] is None
     error = body["errors"][0]
     assert error["extensions"]["code"] == "RATE_LIMITED"
-    assert error["extensions"]["retryAfter"] == 60
+    assert error["extensions"]["retryAfter"] == 2  # two points, at a point a second
     assert (
         error["extensions"]["rateLimit"]["remaining"] == 0 and error["extensions"]["rateLimit"]["cost"] == 2
     )
-    # Only the budget was touched: the operation did not run.
-    assert set(api.table.calls) <= {"update", "get"}  # type: ignore[attr-defined]
-    # Another person has a budget of their own.
+    assert error["extensions"]["cost"]["throttleStatus"] == {
+        "maximumAvailable": BUDGET,
+        "currentlyAvailable": 0,
+        "restoreRate": RESTORE,
+    }
+    # Only the bucket was touched: the operation did not run.
+    assert dict(api.table.calls) == {}  # type: ignore[attr-defined]
+    # Another person has a bucket of their own.
     assert (await api.ok(ME, as_="ben"))["rateLimit"]["used"] == 2
-    api.clock.advance(seconds=60)
-    assert (await api.ok(ME, as_="ana"))["rateLimit"]["used"] == 2
+    api.clock.advance(seconds=2)
+    assert (await api.ok(ME, as_="ana"))["rateLimit"]["remaining"] == 0
 
 
-async def test_an_operation_over_the_whole_budget_is_refused(budget_api: Api) -> None:
+async def test_an_operation_over_the_whole_bucket_is_refused_without_a_retry(budget_api: Api) -> None:
     await budget_api.sign_in("ana")
-    next_minute(budget_api)
-    # 20 memberships and their 20 families: 40 points, more than a minute holds.
-    code, message = await budget_api.error("{ myFamilies { family { id name } } }", as_="ana")
-    assert code == "RATE_LIMITED" and "costs 40 points" in message and "10 of your 10" in message
+    # The viewer, and 20 notifications that could come: 22 points, more than the bucket holds.
+    query = "{ me { id } notifications(first: 20) { edges { node { id } } } }"
+    body = await budget_api.post(query, as_="ana")
+    error = body["errors"][0]
+    assert error["extensions"]["code"] == "RATE_LIMITED" and "retryAfter" not in error["extensions"]
+    assert "more than the 10 your budget holds" in error["message"]
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+async def still_api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Api]:
+    """The default bucket, refilling too slowly to see (the fake clock ticks a
+    little at every reading)."""
+    async with running_api(request.param, "local", tmp_path, request, cost_restore_rate=0.0001) as api:
+        yield api
+
+
+async def test_a_short_list_is_charged_what_came_back_and_the_rest_refunded(still_api: Api) -> None:
+    api = still_api
+    family_id = await family_with_members(api, "ana", ["ben"])
+    await upload(api, "ben", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    await api.sign_in("ana")
+    feed = """query($id: ID!) { family(id: $id) { feed(first: 20) { edges { node { id
+      author { givenName } comments(first: 5) { edges { node { id } } } } } } } }"""
+    await api.services.rates.budget.drain()  # earlier operations' refunds, all in
+    before = (await api.post("{ me { id } }", as_="ana"))["extensions"]["cost"]["throttleStatus"]
+    body = await api.post(feed, {"id": family_id}, as_="ana")
+    cost = body["extensions"]["cost"]
+    # Requested: the family, its feed, 20 edges and nodes, their authors, their comment
+    # pages and 5 edges and nodes in each. Actual: one post came back, with no comments.
+    assert cost["requestedQueryCost"] == 1 + 1 + 20 * (1 + 1 + 1 + 1 + 5 + 5)
+    assert cost["actualQueryCost"] == 1 + 1 + (1 + 1 + 1 + 1)
+    # Taken: the actual cost, not the requested one.
+    status = cost["throttleStatus"]
+    assert status["currentlyAvailable"] == before["currentlyAvailable"] - cost["actualQueryCost"]
+    assert status["maximumAvailable"] == api.services.settings.cost_budget
+    # The refund is the bucket's, not only the answer's: the next operation sees it.
+    await api.services.rates.budget.drain()
+    after = (await api.post("{ me { id } }", as_="ana"))["extensions"]["cost"]["throttleStatus"]
+    assert after["currentlyAvailable"] == status["currentlyAvailable"] - 1
+
+
+async def test_the_home_screen_is_admitted_on_the_default_settings(default_api: Api) -> None:
+    api = default_api
+    await build_world(api, api.clock)
+    for viewer in VIEWERS:
+        body = await api.post(HOME_QUERY, as_=viewer)
+        codes = [e["extensions"]["code"] for e in body.get("errors") or ()]
+        assert "RATE_LIMITED" not in codes and "BAD_USER_INPUT" not in codes, (viewer, body.get("errors"))
+        cost = body["extensions"]["cost"]
+        assert cost["actualQueryCost"] <= cost["requestedQueryCost"] <= api.services.settings.max_query_cost
+
+
+HEAVY = """query($id: ID!) { family(id: $id) { feed(first: 100) { edges { node { id
+  author { givenName } reactions { emoji count } tags { value }
+  comments(first: 8) { edges { node { body author { givenName } } } } } } } } }"""
+
+
+async def test_a_person_at_human_pace_is_never_throttled_and_a_hammering_one_is(default_api: Api) -> None:
+    api = default_api
+    world = await build_world(api, api.clock)
+    # The home screen twice a second for ten seconds.
+    for _ in range(20):
+        body = await api.post(HOME_QUERY, as_="ana")
+        assert "errors" not in body, body["errors"]
+        api.clock.advance(seconds=0.5)
+    # The heaviest feed the limit admits, ten times a second: throttled within seconds.
+    refused_at = None
+    for n in range(100):
+        body = await api.post(HEAVY, {"id": world["family"]}, as_="ben")
+        if body.get("errors"):
+            assert body["errors"][0]["extensions"]["code"] == "RATE_LIMITED", body["errors"]
+            refused_at = n / 10
+            break
+        api.clock.advance(seconds=0.1)
+    assert refused_at is not None and refused_at <= 3, refused_at
 
 
 async def test_a_replay_spends_the_budget_event_by_event(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """Each event of `notificationAdded(after:)` costs what its selection does
-    (1, a Notification); five replayed of a budget of 3 stop at the fourth."""
-    async with running_api("sqlite", "local", tmp_path, request, cost_budget=3) as api:
+    (1, a Notification); five replayed of a bucket of 3 stop at the fourth."""
+    async with running_api(
+        "sqlite", "local", tmp_path, request, cost_budget=3, cost_restore_rate=0.001
+    ) as api:
         family_id = await family_with_members(api, "ana", [])
         first = await note_for(api, "ana", family_id)
         for _ in range(5):
             await note_for(api, "ana", family_id)
-        next_minute(api)
+        api.clock.advance(seconds=10_000)  # the bucket is full again
         async with stream(api, NOTES, first.id, "ana") as events:
             results: list[Any] = []
             for _ in range(4):

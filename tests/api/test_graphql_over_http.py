@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.api.conftest import Api
+from tests.api.conftest import Api, answer
 
 GRAPHQL_RESPONSE = "application/graphql-response+json"
 
@@ -93,7 +93,7 @@ async def test_the_preferred_media_type_is_the_one_answered(api: Api) -> None:
     for accept, answered in cases.items():
         response = await send(api, query, accept)
         assert response.status_code == 200, response.text
-        assert (response.headers["content-type"], response.json()) == (
+        assert (response.headers["content-type"], answer(response)) == (
             answered,
             {"data": {"me": {"id": "ana"}}},
         )

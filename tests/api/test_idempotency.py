@@ -15,7 +15,7 @@ import pytest
 from resolvers.core import idempotency
 from schema import schema
 from store.port import StoreUnavailable, op_key
-from tests.api.conftest import Api
+from tests.api.conftest import Api, is_cost_bucket
 from tests.factories import family_with_members, settle, upload
 from tests.typical_calls import VIEWERS, build_world, label, only_the_request, operations, schema_operations
 
@@ -112,6 +112,10 @@ WRITES = ("put", "update", "delete", "batch_write", "transact")
 
 
 def _keys_of(name: str, args: tuple[Any, ...]) -> list[tuple[str, str]]:
+    # A cost bucket's charge comes before the mutation runs and is not its state:
+    # a retry after a lost answer to it simply runs the mutation.
+    if name == "update" and is_cost_bucket(args[0].key):
+        return []
     if name == "transact":
         return [op_key(op) for op in args[0]]
     if name == "put":

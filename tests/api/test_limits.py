@@ -37,8 +37,11 @@ async def test_the_amplification_query_is_refused_before_any_store_call(api: Api
     assert dict(api.table.calls) == {}  # type: ignore[attr-defined]
     error = body["errors"][0]
     assert error["extensions"]["code"] == "BAD_USER_INPUT"
-    assert error["extensions"]["cost"]["limit"] == 5000
+    assert error["extensions"]["cost"]["limit"] == api.services.settings.max_query_cost
     assert error["extensions"]["cost"]["estimated"] > 500_000
+    # It names the list that costs most, the one to shrink.
+    assert error["extensions"]["cost"]["costliestList"] == "Family.feed"
+    assert "the list that costs most is Family.feed" in error["message"]
     assert body["data"] is None
 
 
@@ -77,7 +80,12 @@ async def test_sizes_are_read_as_execution_reads_them(api: Api, declared: str, s
     assert body["data"] is None
     error = body["errors"][0]
     assert error["extensions"]["code"] == "BAD_USER_INPUT"
-    assert error["extensions"]["cost"] == {"estimated": expected, "limit": 5000}
+    assert error["extensions"]["cost"] == {
+        "estimated": expected,
+        "limit": api.services.settings.max_query_cost,
+        "requestedQueryCost": expected,
+        "costliestList": "Family.feed",
+    }
 
 
 async def test_an_omitted_size_counts_what_execution_uses(api: Api) -> None:
@@ -95,21 +103,22 @@ async def test_an_omitted_size_counts_what_execution_uses(api: Api) -> None:
 
 
 async def test_fields_that_do_work_carry_a_cost(api: Api) -> None:
-    """Signed URLs and per-viewer reads cost 1 each time they can appear: ten
+    """Signed URLs and per-viewer reads cost 1 each time they can appear: twenty
     feeds of 100 asking for them are over the limit, the same feeds without
     them are not."""
     family_id = await family_with_members(api, "ana", [])
     await api.sign_in("ana")
 
     def feeds(fields: str) -> str:
-        many = " ".join(f"a{n}: feed(first: 100) {{ edges {{ node {{ id {fields} }} }} }}" for n in range(10))
+        many = " ".join(f"a{n}: feed(first: 100) {{ edges {{ node {{ id {fields} }} }} }}" for n in range(20))
         return f"query($id: ID!) {{ family(id: $id) {{ {many} }} }}"
 
     body = await api.post(feeds("mediaUrl thumbnailUrl viewerReactions"), {"id": family_id}, as_="ana")
     # Per feed: the connection, 100 edges, 100 nodes and 300 fields that do work.
-    assert body["errors"][0]["extensions"]["cost"] == {"estimated": 1 + 10 * 501, "limit": 5000}
+    cost = body["errors"][0]["extensions"]["cost"]
+    assert (cost["estimated"], cost["limit"]) == (1 + 20 * 501, 10_000)
     data = await api.ok(feeds("title createdAt"), {"id": family_id}, as_="ana")
-    assert len(data["family"]) == 10
+    assert len(data["family"]) == 20
 
 
 async def test_the_deadline_stops_work_that_never_awaits(

@@ -1,5 +1,5 @@
-"""One contract for every place the cost budget is counted: the table (each
-engine), Redis, and Redis that does not answer (the table counts meanwhile)."""
+"""One contract for every place the cost buckets are kept: the table (each
+engine), Redis, and Redis that does not answer (the table keeps them meanwhile)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ import pytest
 
 from resolvers.adapters.budget import RedisBudgetCounter
 from resolvers.core.errors import RateLimited
-from resolvers.core.ratelimit import BUDGET_SECONDS, BudgetCounter, CostBudget, TableBudgetCounter
+from resolvers.core.ratelimit import MICROS, Bucket, BudgetCounter, CostBudget, TableBudgetCounter
 from tests.api.conftest import open_table
-
-WINDOW = 1_800_000_000 // BUDGET_SECONDS * BUDGET_SECONDS
 
 
 def closed_port() -> int:
@@ -47,27 +45,52 @@ async def counter(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
             await in_redis.close()
 
 
-async def test_points_are_spent_while_they_fit(counter: BudgetCounter) -> None:
-    assert await counter.spend("ana", WINDOW, 4, 10) == 4
-    assert await counter.spend("ana", WINDOW, 6, 10) == 10
-    assert await counter.spend("ana", WINDOW, 1, 10) is None  # nothing more fits
-    assert await counter.used("ana", WINDOW) == 10
-    assert await counter.spend("ben", WINDOW, 10, 10) == 10  # a budget each
-    assert await counter.spend("cy", WINDOW, 11, 10) is None  # more than a whole budget
-    assert await counter.used("cy", WINDOW) == 0
+NOW = 1_800_000_000 * MICROS
+BUCKET = Bucket(10, 1.0)  # ten points, one back a second
 
 
-async def test_a_new_minute_starts_from_nothing(counter: BudgetCounter) -> None:
-    assert await counter.spend("ana", WINDOW, 10, 10) == 10
-    later = WINDOW + BUDGET_SECONDS
-    assert await counter.used("ana", later) == 0
-    assert await counter.spend("ana", later, 3, 10) == 3
+async def test_points_are_taken_while_they_are_there(counter: BudgetCounter) -> None:
+    assert BUCKET.available(await counter.full_at("ana"), NOW) == 10
+    full_at = await counter.spend("ana", 4, BUCKET, NOW)
+    assert full_at is not None and BUCKET.available(full_at, NOW) == 6
+    full_at = await counter.spend("ana", 6, BUCKET, NOW)
+    assert full_at is not None and BUCKET.available(full_at, NOW) == 0
+    assert await counter.spend("ana", 1, BUCKET, NOW) is None  # nothing more is there
+    assert BUCKET.available(await counter.full_at("ana"), NOW) == 0
+    assert await counter.spend("ben", 10, BUCKET, NOW) is not None  # a bucket each
+    assert await counter.spend("cy", 11, BUCKET, NOW) is None  # more than a whole bucket
+    assert await counter.full_at("cy") == 0
+
+
+async def test_the_bucket_refills_at_its_rate_and_never_past_full(counter: BudgetCounter) -> None:
+    assert await counter.spend("ana", 10, BUCKET, NOW) is not None
+    three_seconds = NOW + 3 * MICROS
+    assert BUCKET.available(await counter.full_at("ana"), three_seconds) == 3
+    assert await counter.spend("ana", 4, BUCKET, three_seconds) is None
+    assert await counter.spend("ana", 3, BUCKET, three_seconds) is not None
+    much_later = NOW + 3600 * MICROS
+    assert BUCKET.available(await counter.full_at("ana"), much_later) == 10
+    full_at = await counter.spend("ana", 10, BUCKET, much_later)
+    assert full_at is not None and BUCKET.available(full_at, much_later) == 0
+
+
+async def test_a_refund_gives_back_what_was_not_used(counter: BudgetCounter) -> None:
+    assert await counter.spend("ana", 8, BUCKET, NOW) is not None
+    await counter.refund("ana", 5, BUCKET, NOW)
+    assert BUCKET.available(await counter.full_at("ana"), NOW) == 7
+    # Never past a full bucket, and nothing for a bucket already full.
+    await counter.refund("ana", 50, BUCKET, NOW)
+    assert BUCKET.available(await counter.full_at("ana"), NOW) == 10
+    await counter.refund("ben", 5, BUCKET, NOW)
+    assert await counter.spend("ben", 10, BUCKET, NOW) is not None
+    assert await counter.spend("ben", 1, BUCKET, NOW) is None
 
 
 async def test_spends_at_once_never_overspend(counter: BudgetCounter) -> None:
-    spent = await asyncio.gather(*(counter.spend("ana", WINDOW, 3, 30) for _ in range(25)))
-    assert sum(1 for used in spent if used is not None) == 10
-    assert await counter.used("ana", WINDOW) == 30
+    bucket = Bucket(30, 1.0)
+    spent = await asyncio.gather(*(counter.spend("ana", 3, bucket, NOW) for _ in range(25)))
+    assert sum(1 for full_at in spent if full_at is not None) == 10
+    assert bucket.available(await counter.full_at("ana"), NOW) == 0
 
 
 async def test_with_redis_the_table_counts_nothing(redis_url: str, tmp_path: Path) -> None:
@@ -75,8 +98,8 @@ async def test_with_redis_the_table_counts_nothing(redis_url: str, tmp_path: Pat
         in_table = TableBudgetCounter(table)
         in_redis = RedisBudgetCounter(redis_url, fallback=in_table, prefix=f"test-{uuid.uuid4().hex[:8]}:")
         try:
-            assert await in_redis.spend("ana", WINDOW, 4, 10) == 4
-            assert await in_table.used("ana", WINDOW) == 0
+            assert await in_redis.spend("ana", 4, BUCKET, NOW) is not None
+            assert await in_table.full_at("ana") == 0
         finally:
             await in_redis.close()
 
@@ -88,18 +111,22 @@ class Counted:
         self.inner = inner
         self.spends: list[int] = []
 
-    async def spend(self, subject: str, window: int, cost: int, limit: int) -> int | None:
+    async def spend(self, subject: str, cost: int, bucket: Bucket, now: int) -> int | None:
         self.spends.append(cost)
-        return await self.inner.spend(subject, window, cost, limit)
+        return await self.inner.spend(subject, cost, bucket, now)
 
-    async def used(self, subject: str, window: int) -> int:
-        return await self.inner.used(subject, window)
+    async def refund(self, subject: str, points: int, bucket: Bucket, now: int) -> None:
+        await self.inner.refund(subject, points, bucket, now)
+
+    async def full_at(self, subject: str) -> int:
+        return await self.inner.full_at(subject)
 
 
 async def test_one_event_to_a_persons_subscriptions_is_one_spend(counter: BudgetCounter) -> None:
     counted = Counted(counter)
-    budget = CostBudget(counted, 20)
-    now = datetime.fromtimestamp(WINDOW + 1, UTC)
+    bucket = Bucket(20, 0.001)
+    budget = CostBudget(counted, bucket)
+    now = datetime.fromtimestamp(NOW / MICROS, UTC)
     await asyncio.gather(*(budget.charge_delivery("ana", 3, now) for _ in range(5)))
     assert counted.spends == [15]
     # The next event does not fit for all five: all five are refused, nothing is spent.
@@ -107,4 +134,4 @@ async def test_one_event_to_a_persons_subscriptions_is_one_spend(counter: Budget
         *(budget.charge_delivery("ana", 3, now) for _ in range(5)), return_exceptions=True
     )
     assert all(isinstance(error, RateLimited) for error in refused)
-    assert await counter.used("ana", WINDOW) == 15
+    assert bucket.available(await counter.full_at("ana"), NOW) == 5
