@@ -79,6 +79,10 @@ class PushService:
     # Browsers whose next request is held before it is read, and the requests held.
     gates: dict[str, threading.Event] = field(default_factory=dict)
     held: list[str] = field(default_factory=list)
+    # Browsers whose every request waits, read but unanswered, until the event
+    # is set, then is answered as usual: a slow device, for as long as a test says.
+    stalls: dict[str, threading.Event] = field(default_factory=dict)
+    stalled: list[str] = field(default_factory=list)
     # False for the bench: every request is accepted and timed, unread.
     verify: bool = True
     accepted_at: list[float] = field(default_factory=list)
@@ -90,9 +94,20 @@ class PushService:
             self.gates[name] = threading.Event()
             return self.gates[name]
 
+    def stall(self, name: str) -> threading.Event:
+        """Every request to `name` waits until the event is set: a slow device."""
+        with self.lock:
+            return self.stalls.setdefault(name, threading.Event())
+
     def gate(self, path: str) -> bool:
         """False if the request was held (it is then dropped, never accepted)."""
         name = path.rsplit("/", 1)[-1]
+        with self.lock:
+            stall = self.stalls.get(name)
+            if stall is not None:
+                self.stalled.append(name)
+        if stall is not None:
+            stall.wait(120)
         with self.lock:
             gate = self.gates.pop(name, None)
             if gate is not None:

@@ -73,7 +73,7 @@ class EventBus(Protocol):
 class MediaQueue(Protocol):
     """The media pipeline, to a request: an upload to process."""
 
-    def submit(self, content_id: str) -> None: ...
+    def submit(self, content_id: str, author_id: str | None = None) -> None: ...
 
 
 class ExportQueue(Protocol):

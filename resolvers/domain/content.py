@@ -432,7 +432,7 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
 async def _to_pipeline(ctx: Context, content: Content) -> None:
     # The hand-off first: it cannot fail, and the pipeline's claim is in the
     # table (a recovery pass finds the content PROCESSING if this process dies).
-    ctx.services.pipeline.submit(content.id)
+    ctx.services.pipeline.submit(content.id, content.author_id)
     await publish_status(broker_of(ctx), content)
 
 

@@ -10,6 +10,12 @@ write clears it. A process that dies lets go when the lease runs out; a process
 that stops on purpose hands back what it held (`stop`), so another process's
 next recovery pass resumes it at once.
 
+Workers take keys in fair order between the people they are for (`FairQueue`):
+one person's 50 uploads or 30 pushes to slow devices hold at most one worker
+at a time, and another person's item goes next, not after theirs. A key's
+person is what its submitter says, or the item's `LeaseSpec.group` when a
+recovery pass finds it, or else its partition (a person's notes share theirs).
+
 `stop` returns however the cancel lands: while the heartbeat winds down, or
 while a handler's cleanup raises an error of its own in place of the cancel (a
 zip closed while its writing thread still runs, say).
@@ -21,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -49,6 +56,100 @@ class LeaseSpec:
     count_attempts: bool = False
     recover_index: Index = "GSI2"
     due: Callable[[Item, datetime], bool] | None = None
+    # Whose work an item is, for fair order (its partition when not given).
+    group: Callable[[Item], str | None] | None = None
+
+
+class FairQueue:
+    """Keys waiting for a worker, in fair order between groups (people).
+
+    Each group waits in its own line, and the groups take turns: a worker gets
+    the first key of the group that has waited longest since it was last
+    served, among those with fewer than `per_group` keys in the workers' hands.
+    So a group with many keys, or slow ones, holds at most `per_group` workers,
+    and any other group's key is next but for one of theirs. Bounded as a whole
+    (`maxsize`) and joinable, as an `asyncio.Queue`."""
+
+    def __init__(self, maxsize: int, per_group: int = 1) -> None:
+        self.maxsize = maxsize
+        self.per_group = per_group
+        self._lines: dict[str, deque[Key]] = {}
+        self._turns: deque[str] = deque()  # groups with keys waiting, in turn order
+        self._busy: dict[str, int] = {}
+        self._size = 0
+        self._unfinished = 0
+        self._waiting: list[asyncio.Future[None]] = []
+        self._finished = asyncio.Event()
+        self._finished.set()
+
+    def qsize(self) -> int:
+        return self._size
+
+    def empty(self) -> bool:
+        return self._size == 0
+
+    def full(self) -> bool:
+        return self._size >= self.maxsize
+
+    def put_nowait(self, key: Key, group: str) -> None:
+        if self.full():
+            raise asyncio.QueueFull
+        line = self._lines.get(group)
+        if line is None:
+            line = self._lines[group] = deque()
+            self._turns.append(group)
+        line.append(key)
+        self._size += 1
+        self._unfinished += 1
+        self._finished.clear()
+        self._wake()
+
+    def _wake(self) -> None:
+        # Every idle worker looks again: there are a few, and which one the key
+        # suits is for `_take` to say.
+        waiting, self._waiting = self._waiting, []
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _take(self) -> tuple[Key, str] | None:
+        for _ in range(len(self._turns)):
+            group = self._turns[0]
+            self._turns.rotate(-1)
+            if self._busy.get(group, 0) >= self.per_group:
+                continue
+            line = self._lines[group]
+            key = line.popleft()
+            if not line:
+                del self._lines[group]
+                self._turns.remove(group)
+            self._size -= 1
+            self._busy[group] = self._busy.get(group, 0) + 1
+            return key, group
+        return None
+
+    async def get(self) -> tuple[Key, str]:
+        while True:
+            taken = self._take()
+            if taken is not None:
+                return taken
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.append(waiter)
+            await waiter
+
+    def task_done(self, group: str) -> None:
+        busy = self._busy.get(group, 0) - 1
+        if busy > 0:
+            self._busy[group] = busy
+        else:
+            self._busy.pop(group, None)
+        self._unfinished -= 1
+        if self._unfinished <= 0:
+            self._finished.set()
+        self._wake()  # the group may have another key a worker can take now
+
+    async def join(self) -> None:
+        await self._finished.wait()
 
 
 @dataclass(frozen=True)
@@ -97,7 +198,7 @@ class LeasedQueue:
         self.workers = workers
         # Whose lease it is: renewals and releases touch only this process's own.
         self.lease = Lease(owner or uuid.uuid4().hex, lease)
-        self.queue: asyncio.Queue[Key] = asyncio.Queue(queue_size)
+        self.queue = FairQueue(queue_size)
         self._queued: set[Key] = set()
         self._tasks: list[asyncio.Task[None]] = []
         # Items whose lease this process may hold: noted before the claim (a
@@ -115,12 +216,13 @@ class LeasedQueue:
 
     # Running --------------------------------------------------------------------
 
-    def submit(self, key: Key) -> None:
-        """Never blocks: when the queue is full the item waits for recovery."""
+    def submit(self, key: Key, group: str | None = None) -> None:
+        """Never blocks: when the queue is full the item waits for recovery.
+        `group` is whose work it is (its partition when not given)."""
         if key in self._queued:
             return
         try:
-            self.queue.put_nowait(key)
+            self.queue.put_nowait(key, group or key[0])
         except asyncio.QueueFull:
             log.warning("%s queue full; %s waits for the next recovery pass", self.spec.name, key[0])
             return
@@ -150,7 +252,7 @@ class LeasedQueue:
 
     async def _work(self) -> None:
         while True:
-            key = await self.queue.get()
+            key, group = await self.queue.get()
             self._queued.discard(key)
             try:
                 await self.run(key)
@@ -161,15 +263,18 @@ class LeasedQueue:
                     raise asyncio.CancelledError from None
                 log.exception("%s: unexpected failure on %s", self.spec.name, key[0])
             finally:
-                self.queue.task_done()
+                self.queue.task_done(group)
 
     async def due(self) -> list[Key]:
         """The keys in the recovery partition that no live lease holds."""
+        return [key for key, _ in await self._due()]
+
+    async def _due(self) -> list[tuple[Key, str | None]]:
         if self.spec.recover_from is None:
             return []
-        now, due = self.clock(), self.spec.due
+        now, due, group = self.clock(), self.spec.due, self.spec.group
         return [
-            (item["PK"], item["SK"])
+            ((item["PK"], item["SK"]), group(item) if group is not None else None)
             async for item in every_item(self.table, self.spec.recover_from, index=self.spec.recover_index)
             if not leases.is_live(item, now) and (due is None or due(item, now))
         ]
@@ -177,10 +282,10 @@ class LeasedQueue:
     async def recover(self) -> int:
         """Queues what a crash, a shutdown or a full queue left undone."""
         found = 0
-        for key in await self.due():
+        for key, group in await self._due():
             if self.queue.full():
                 break
-            self.submit(key)
+            self.submit(key, group)
             found += 1
         return found
 

@@ -88,6 +88,8 @@ class Pipeline(LeasedJob):
         "pipeline",
         recover_from=keys.PIPELINE_PK,
         claimable=any_of(*(eq("status", status) for status in IN_PIPELINE)),
+        # Fair order by author: one person's 50 uploads hold one worker at a time.
+        group=lambda item: item.get("authorId"),
     )
 
     def __init__(
@@ -116,10 +118,11 @@ class Pipeline(LeasedJob):
         self.tracer = tracer
         self.metrics.watch_queue(self.queue.qsize)
 
-    def submit(self, content_id: str) -> None:
+    def submit(self, content_id: str, author_id: str | None = None) -> None:
         """Never blocks: when the queue is full the content waits in the
-        PIPELINE index for the next recovery pass."""
-        self.jobs.submit(keys.content(content_id))
+        PIPELINE index for the next recovery pass. Its author's contents take
+        their turn with everyone else's (`FairQueue`)."""
+        self.jobs.submit(keys.content(content_id), author_id)
 
     # One content ----------------------------------------------------------------
 

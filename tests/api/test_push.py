@@ -10,10 +10,15 @@ from typing import Any
 
 import pytest
 
+from resolvers.domain import notifications
+from store.enums import NotificationType
+from store.items import Notification, iso
+from store.port import Key
 from tests.api.conftest import Api, running_api
 from tests.api.test_capsules import SCHEDULE, make_capsule
 from tests.factories import family_with_members, settle, upload
 from tests.push_service import PushService, running_push_service
+from tests.servers import until
 
 REGISTER = "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id platform name createdAt lastPushedAt } }"
 DEVICES = "{ myPushDevices { id platform name } }"
@@ -356,3 +361,49 @@ async def test_an_endpoint_whose_host_now_resolves_privately_is_not_sent_to(
     await pushed(api)
     assert connections == []
     assert [d["name"] for d in (await api.ok(DEVICES, as_="ben"))["myPushDevices"]] == ["rebound"]
+
+
+# Fairness ------------------------------------------------------------------------------
+
+
+async def _pending_note(api: Api, user: str, family_id: str) -> Key:
+    """A push-worthy notification, written (and so in the push outbox) as the domain does."""
+    api.clock.advance(seconds=1)  # an id of its own
+    note = Notification(
+        user_id=user,
+        id=notifications.notification_id("fair", iso(api.clock())),
+        type=NotificationType.MEMBER_PENDING,
+        created_at=iso(api.clock()),
+        family_id=family_id,
+    )
+    await notifications.write(api.table, None, [note])
+    return note.key
+
+
+async def test_another_persons_slow_devices_do_not_delay_a_push(api: Api, service: PushService) -> None:
+    """Ben's 20 devices answer only when the test lets them; 30 notes for him
+    are queued before Cy's one. Cy's push goes out while all of Ben's wait: a
+    person's notes hold one push worker at a time, and the others take turns."""
+    family_id = await family_with_members(api, "ana", ["ben", "cy"])
+    slow = [f"ben-{n}" for n in range(20)]
+    for name in slow:
+        await register(api, service, "ben", name)
+    await register(api, service, "cy", "cy-phone")
+    await pushed(api)  # whatever the joins left
+    stalls = [service.stall(name) for name in slow]
+    pusher = api.services.pusher
+    try:
+        bens = [await _pending_note(api, "ben", family_id) for _ in range(30)]
+        cys = await _pending_note(api, "cy", family_id)
+        for key in [*bens, cys]:
+            pusher.submit(key)
+        await until(lambda: service.to("cy-phone"), "Cy's push", seconds=60, interval=0.05)
+        # Meanwhile every one of Ben's devices still holds his first push.
+        assert not any(stall.is_set() for stall in stalls)
+        assert all(service.to(name) == [] for name in slow)
+    finally:
+        for stall in stalls:
+            stall.set()
+    await pushed(api)
+    assert all(service.to(name) for name in slow)
+    assert service.problems == []

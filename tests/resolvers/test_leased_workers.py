@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from resolvers.core import leases
-from resolvers.processes.leased import Claim, LeasedQueue, LeaseSpec
+from resolvers.processes.leased import Claim, FairQueue, LeasedQueue, LeaseSpec
 from store.dynamodb import DynamoTable
 from store.port import Key, Table, Update, all_of, eq
 from store.sqlite import SqliteTable
@@ -298,3 +298,22 @@ async def test_stop_lands_while_a_cleanup_replaces_the_cancel(tmp_path: Path) ->
         assert item is not None and item.get(leases.OWNER) is None  # handed back
     finally:
         await table.close()
+
+
+async def test_the_queue_takes_turns_between_groups_and_holds_one_key_of_each_at_a_time() -> None:
+    queue = FairQueue(maxsize=10)
+    for n in range(3):
+        queue.put_nowait((f"A{n}", "x"), "ana")
+    queue.put_nowait(("B0", "x"), "ben")
+    queue.put_nowait(("C0", "x"), "cy")
+    # Ana's first, then the others' while hers is in hand.
+    assert [(await queue.get())[0][0] for _ in range(3)] == ["A0", "B0", "C0"]
+    # Dee comes after Ana's two waiting keys, and goes before them: Ana holds one already.
+    queue.put_nowait(("D0", "x"), "dee")
+    assert (await queue.get())[0][0] == "D0"
+    queue.task_done("ana")
+    assert (await queue.get())[0][0] == "A1"
+    with pytest.raises(asyncio.QueueFull):
+        for n in range(20):
+            queue.put_nowait((f"D{n}", "x"), "dee")
+    assert queue.qsize() == 10  # bounded as a whole
