@@ -423,10 +423,10 @@ async def _charge(context: Context, requested: int) -> Admission | GraphQLError:
         state = await budget.charge(subject, max(1, requested), context.services.now())
     except ApiError as error:
         return GraphQLError(error.message, extensions={"code": error.code, **error.extensions})
-    except StoreError:
+    except StoreError as error:
         # A budget the store cannot keep now lets the operation through: it
         # meets the same store, and its own error says what became of it.
-        log.warning("the cost budget could not be charged", exc_info=True)
+        log.warning("the cost budget could not be charged: %s", error)
         return Admission(requested)
     charged.set(state)
     return Admission(requested, subject, state)

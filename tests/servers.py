@@ -345,3 +345,22 @@ async def subscriptions_running(servers: Sequence[ServerProcess], name: str, cou
     for server in servers:
         total += await metric_total(server, "mifamilias_subscriptions_active", subscription=name)
     return total >= count
+
+
+def without_cost(value: Any) -> Any:
+    """An answer (or a list of them, or protocol messages holding them) without
+    `extensions.cost`, which every answer carries, for tests about something else
+    (`tests/api/test_budget.py` reads it)."""
+    if isinstance(value, list):
+        return [without_cost(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    found = {key: without_cost(item) for key, item in value.items()}
+    extensions = found.get("extensions")
+    if isinstance(extensions, dict) and "cost" in extensions:
+        rest = {key: item for key, item in extensions.items() if key != "cost"}
+        if rest:
+            found["extensions"] = rest
+        else:
+            del found["extensions"]
+    return found

@@ -99,12 +99,12 @@ class RedisBudgetCounter:
     def _went(self, error: BaseException) -> None:
         if not self._down:
             self._down = True
-            log.warning("Redis is not answering (%s); the cost budget is kept in the table", error)
+            log.warning("the cost budget's Redis fails (%s); its buckets are kept in the table", error)
 
     def _back(self) -> None:
         if self._down:
             self._down = False
-            log.warning("Redis answers again; the cost budget is kept there")
+            log.warning("the cost budget's Redis is back; its buckets are kept there")
 
     async def close(self) -> None:
         await self._redis.aclose()

@@ -422,8 +422,8 @@ class CostBudget:
         async def give_back() -> None:
             try:
                 await self.counter.refund(subject, points, self.bucket, _micros(now))
-            except Exception:  # the store's failure: the person paid a little more, nothing else
-                log.warning("could not refund %d cost points", points, exc_info=True)
+            except Exception as error:  # the store's failure: the person paid a little more, nothing else
+                log.warning("could not refund %d cost points: %s", points, error)
 
         task = asyncio.get_running_loop().create_task(give_back())
         self._refunds.add(task)
