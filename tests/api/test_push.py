@@ -10,12 +10,10 @@ from typing import Any
 
 import pytest
 
-from resolvers.domain import notifications
 from store.enums import NotificationType
-from store.items import Notification, iso
-from store.port import Key
 from tests.api.conftest import Api, running_api
 from tests.api.test_capsules import SCHEDULE, make_capsule
+from tests.api.test_resume import note_for
 from tests.factories import family_with_members, settle, upload
 from tests.push_service import PushService, running_push_service
 from tests.servers import until
@@ -366,20 +364,6 @@ async def test_an_endpoint_whose_host_now_resolves_privately_is_not_sent_to(
 # Fairness ------------------------------------------------------------------------------
 
 
-async def _pending_note(api: Api, user: str, family_id: str) -> Key:
-    """A push-worthy notification, written (and so in the push outbox) as the domain does."""
-    api.clock.advance(seconds=1)  # an id of its own
-    note = Notification(
-        user_id=user,
-        id=notifications.notification_id("fair", iso(api.clock())),
-        type=NotificationType.MEMBER_PENDING,
-        created_at=iso(api.clock()),
-        family_id=family_id,
-    )
-    await notifications.write(api.table, None, [note])
-    return note.key
-
-
 async def test_another_persons_slow_devices_do_not_delay_a_push(api: Api, service: PushService) -> None:
     """Ben's 20 devices answer only when the test lets them; 30 notes for him
     are queued before Cy's one. Cy's push goes out while all of Ben's wait: a
@@ -393,8 +377,9 @@ async def test_another_persons_slow_devices_do_not_delay_a_push(api: Api, servic
     stalls = [service.stall(name) for name in slow]
     pusher = api.services.pusher
     try:
-        bens = [await _pending_note(api, "ben", family_id) for _ in range(30)]
-        cys = await _pending_note(api, "cy", family_id)
+        pending = NotificationType.MEMBER_PENDING  # pushed by default
+        bens = [(await note_for(api, "ben", family_id, pending)).key for _ in range(30)]
+        cys = (await note_for(api, "cy", family_id, pending)).key
         for key in [*bens, cys]:
             pusher.submit(key)
         await until(lambda: service.to("cy-phone"), "Cy's push", seconds=60, interval=0.05)

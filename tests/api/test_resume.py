@@ -46,12 +46,14 @@ async def next_data(events: Any) -> dict[str, Any]:
     return data
 
 
-async def note_for(api: Api, user: str, family_id: str) -> Notification:
+async def note_for(
+    api: Api, user: str, family_id: str, type: str = NotificationType.MEMBER_JOINED
+) -> Notification:
     """A notification written and announced as the domain does it."""
     note = Notification(
         user_id=user,
         id=notifications.notification_id("test", iso(api.clock())),
-        type=NotificationType.MEMBER_JOINED,
+        type=type,
         created_at=iso(api.clock()),
         family_id=family_id,
     )
