@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import signal
@@ -91,16 +92,37 @@ def live_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 
 
 @pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisProcess]:
     """A real Redis of this test process's own: parallel workers never share a
     channel or a counter (pub/sub channels span every database of one server)."""
     redis = RedisProcess(tmp_path_factory.mktemp("redis")).start()
     assert redis.process is not None
     lives_for_the_session(redis.process.pid)
     try:
-        yield redis.url
+        yield redis
     finally:
         redis.stop()
+
+
+_databases = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def redis_url(redis_server: RedisProcess) -> str:
+    """The session's Redis, on an empty database of the module's own: what one
+    module's servers keep there (each person's cost bucket) never reaches the
+    next module's. Channels still span databases, and one module runs at a
+    time in a test process."""
+    import redis
+
+    database = 1 + next(_databases) % 15
+    url = redis_server.url.rsplit("/", 1)[0] + f"/{database}"
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    return url
 
 
 ENGINES = ["sqlite", "dynamodb"]
