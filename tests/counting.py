@@ -77,7 +77,7 @@ class CountingTable:
                 self._answered_depth = max(self._answered_depth, depth)
 
     async def get(self, key: Key) -> Item | None:
-        if _is_budget(key):
+        if is_budget(key):
             self.budget_calls["get"] += 1
             return await self.inner.get(key)
         return await self._count("get", lambda: self.inner.get(key), _keys([key]))
@@ -109,7 +109,7 @@ class CountingTable:
         await self._count("put", lambda: self.inner.put(item, condition), _keys([(item["PK"], item["SK"])]))
 
     async def update(self, update: Update) -> Item:
-        if _is_budget(update.key):
+        if is_budget(update.key):
             self.budget_calls["update"] += 1
             return await self.inner.update(update)
         return await self._count("update", lambda: self.inner.update(update), _keys([update.key]))
@@ -140,5 +140,6 @@ def _keys(keys: Sequence[Key]) -> str:
     return "[" + ", ".join(f"{pk}/{sk}" for pk, sk in keys) + "]"
 
 
-def _is_budget(key: Key) -> bool:
+def is_budget(key: Key) -> bool:
+    """A person's cost bucket (`store.keys.rate(subject, "cost")`)."""
     return key[0].startswith("RATE#") and key[1] == "cost"

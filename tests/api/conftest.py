@@ -15,11 +15,10 @@ from app import create_app
 from resolvers.core.auth import mint_token
 from resolvers.core.config import Settings
 from resolvers.core.turns import TURNS
-from store import keys
 from store.port import Table
 from tests.clock import FakeClock
-from tests.counting import CountingTable
-from tests.servers import SECRET
+from tests.counting import CountingTable, is_budget
+from tests.servers import SECRET, without_cost
 from tests.typical_calls import PUSH_ORIGIN
 
 
@@ -89,19 +88,12 @@ class Api:
 
 
 def answer(response: httpx.Response) -> Any:
-    """A response's body without `extensions.cost`, which every answer carries
-    (`tests/api/test_budget.py` reads it), for tests about something else."""
-    body = response.json()
-    if isinstance(body, dict) and isinstance(body.get("extensions"), dict):
-        extensions = {k: v for k, v in body["extensions"].items() if k != "cost"}
-        body = {k: v for k, v in body.items() if k != "extensions"}
-        if extensions:
-            body["extensions"] = extensions
-    return body
+    """A response's body without `extensions.cost`, for tests about something else."""
+    return without_cost(response.json())
 
 
 def is_cost_bucket(key: tuple[str, str]) -> bool:
-    return key == keys.rate(key[0].removeprefix("RATE#"), "cost")
+    return is_budget(key)
 
 
 async def dump(table: Table) -> dict[tuple[str, str], dict[str, Any]]:
