@@ -363,6 +363,38 @@ async def test_invites_that_mail_someone_are_limited_per_person_a_day(mail_api: 
     )
 
 
+async def test_one_persons_many_emails_delay_another_familys_by_one_at_most(
+    mail_api: tuple[Api, Inbox],
+) -> None:
+    """Emails go in fair order between those they are from: a family's capsule
+    opening for eight, or a person's twenty invitations, come one at a time
+    between another family's email, which goes first or second."""
+    api, inbox = mail_api
+    many = [f"m{n}" for n in range(8)]
+    busy = await family_with_members(api, "ana", many)
+    other = await family_with_members(api, "bea", ["cy"], name="Los Ruiz")
+    for person in [*many, "cy"]:
+        await prefer(api, person, "CAPSULES")
+    # The busy family's capsule opens first: its emails are ahead in the outbox.
+    for creator, family_id, recipients in (("ana", busy, many), ("bea", other, ["cy"])):
+        await capsule(api, creator, family_id, recipients, SEALED_TITLE, SEALED_BODY)
+        api.clock.advance(days=1, seconds=1)
+        assert (await api.services.scheduler.run_once()).unlocked == 1
+    await mailer(api).outbox(MailPass())
+    order = [rcpts[0] for rcpts, _ in inbox.received]
+    assert sorted(order) == sorted(f"{p}@example.org" for p in [*many, "cy"])
+    assert order.index("cy@example.org") <= 1, order
+
+    for n in range(20):
+        await api.ok(INVITE, {"i": {"familyId": busy, "email": f"guest{n}@example.org"}}, as_="ana")
+    api.clock.advance(seconds=1)
+    await api.ok(INVITE, {"i": {"familyId": other, "email": "tia@example.org"}}, as_="bea")
+    inbox.received.clear()
+    await mailer(api).invitations(MailPass())
+    order = [rcpts[0] for rcpts, _ in inbox.received]
+    assert len(order) == 21 and order.index("tia@example.org") <= 1, order
+
+
 async def test_digests_go_out_once_per_period_and_never_show_sealed_content(
     mail_api: tuple[Api, Inbox],
 ) -> None:

@@ -60,6 +60,23 @@ class LeaseSpec:
     group: Callable[[Item], str | None] | None = None
 
 
+def fair_order(keys: list[tuple[Key, str | None]]) -> list[Key]:
+    """Keys with their groups (None: the key's partition), the groups taking
+    turns in the order each first appears, each group's keys in their order:
+    one person's fifty items come one at a time between everyone else's."""
+    lines: dict[str, deque[Key]] = {}
+    for key, group in keys:
+        lines.setdefault(group or key[0], deque()).append(key)
+    ordered: list[Key] = []
+    while lines:
+        for group in list(lines):
+            line = lines[group]
+            ordered.append(line.popleft())
+            if not line:
+                del lines[group]
+    return ordered
+
+
 class FairQueue:
     """Keys waiting for a worker, in fair order between groups (people).
 
@@ -266,8 +283,9 @@ class LeasedQueue:
                 self.queue.task_done(group)
 
     async def due(self) -> list[Key]:
-        """The keys in the recovery partition that no live lease holds."""
-        return [key for key, _ in await self._due()]
+        """The keys in the recovery partition that no live lease holds, in
+        fair order between the people they are for (`fair_order`)."""
+        return fair_order(await self._due())
 
     async def _due(self) -> list[tuple[Key, str | None]]:
         if self.spec.recover_from is None:

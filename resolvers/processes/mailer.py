@@ -41,15 +41,22 @@ from store.port import Table
 
 log = logging.getLogger("mifamilias.mailer")
 
+# Emails go in fair order between those they are from (`leased.fair_order`): a
+# capsule's family for its openings' emails, an invite's maker for invitations.
 OUTBOX = LeaseSpec(
     "mail",
     recover_from=keys.MAIL_OUTBOX_PK,
     claimable=mail.UNSENT,
     count_attempts=True,
     due=mail.not_waiting,
+    group=lambda item: Notification.from_item(item).family_id,
 )
 INVITATIONS = LeaseSpec(
-    "invitation", recover_from=keys.INVITE_MAIL_OUTBOX_PK, claimable=mail.UNSENT, count_attempts=True
+    "invitation",
+    recover_from=keys.INVITE_MAIL_OUTBOX_PK,
+    claimable=mail.UNSENT,
+    count_attempts=True,
+    group=lambda item: FamilyInvite.from_item(item).created_by,
 )
 
 # Longer than one send can take (SMTP_TIMEOUT 30 s, plus the reads around it),
