@@ -266,6 +266,7 @@ async def compose(
         cost_bucket=bucket,
         budget_counter=budget_counter,
         streams_per_person=settings.max_subscriptions_per_person,
+        replays_per_person=settings.max_replays_per_person,
     )
     stack.push_async_callback(rates.streams.stop)
     stack.push_async_callback(rates.budget.drain)

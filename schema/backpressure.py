@@ -9,6 +9,11 @@ full, every send to it waits. Nothing shared may wait with it, so:
 - an SSE or multipart stream's sends are timed (`PacedStreamingResponse`): the
   stream's own generator waits for its socket, and holds nothing shared while
   it does (`resolvers.processes.live` takes its read slots for the reads only);
+- a client that is not taking what it was sent is not executed for: an
+  operation's next event waits until its socket takes what is ahead of it
+  (`QueuedSocket.room`), before it is executed or encoded, so a subscriber
+  that stops reading costs nothing more than the one event it waits with
+  (an SSE or multipart stream waits at its send the same way);
 - a client whose queue is full, or whose socket has taken nothing for
   `MIFAMILIAS_SLOW_CLIENT_SECONDS`, is let go: a WebSocket is closed with 4408
   "slow client", a stream ends. Its events are not lost: it resumes with
@@ -47,6 +52,9 @@ ABORT_KEY = "mifamilias.abort"
 BUFFERED_KEY = "mifamilias.buffered"
 Abort = Callable[[], None]
 LetGo = Callable[[str], None]  # called with why: "queue_full" or "stalled"
+# The messages that carry an operation's result, in either protocol: what
+# waits for the client's room (`QueuedSocket.room`).
+RESULT_TYPES = frozenset({"next", "data"})
 
 
 class ConnectionHandles:
@@ -122,6 +130,7 @@ class QueuedSocket(AsyncWebSocketAdapter):
         self._slow_seconds = slow_seconds
         self._writer: asyncio.Task[None] | None = None
         self._sending = False  # a caller's task is writing a frame itself (`send_now`)
+        self._room_waiters: list[asyncio.Future[None]] = []
         self._closed = False
         self.let_go = False
 
@@ -129,7 +138,42 @@ class QueuedSocket(AsyncWebSocketAdapter):
         return self.inner.iter_json(ignore_parsing_errors=ignore_parsing_errors)
 
     async def send_json(self, message: Mapping[str, object]) -> None:
+        if message.get("type") in RESULT_TYPES and not await self.room():
+            # The operation's task: it pulls its next event only once this
+            # one is handed over, so waiting here paces its executions.
+            return
         self.send_frame(message)
+
+    def backed_up(self) -> bool:
+        """Whether the client is not taking what was sent: frames are going
+        out (queued, or written by a caller) and the transport holds bytes
+        the socket did not take."""
+        return not self._closed and (self._queue is not None or self._sending) and self._buffered() > 0
+
+    async def room(self) -> bool:
+        """Waits while the client is backed up, so that nothing is executed
+        or encoded for it until it takes what is ahead; a client that takes
+        nothing for `slow_seconds` is let go. Whether frames may still go to
+        it (False: it was let go or went away). Only an operation's own task
+        waits here, and it holds nothing shared."""
+        if self.backed_up():
+            try:
+                async with asyncio.timeout(self._slow_seconds):
+                    while self.backed_up():
+                        waiter = asyncio.get_running_loop().create_future()
+                        self._room_waiters.append(waiter)
+                        await waiter
+            except TimeoutError:
+                self._give_up("stalled")
+        return not self._closed
+
+    def _make_room(self) -> None:
+        """Wakes the operations waiting for room: what was ahead went out (or
+        the socket closed, and their frames go nowhere)."""
+        waiters, self._room_waiters = self._room_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def send_frame(self, message: Mapping[str, object] | str) -> None:
         """Queues a message, or a text frame already encoded (`schema.frames`)."""
@@ -176,6 +220,8 @@ class QueuedSocket(AsyncWebSocketAdapter):
             # What was queued meanwhile goes out after this frame.
             if self._queue is not None and self._writer is None and not self._closed:
                 self._writer = asyncio.create_task(self._write(self._queue))
+            elif self._queue is None:
+                self._make_room()
 
     async def send_at_once(self, frame: str) -> None:
         """`send_now` when the client has taken everything so far, so the
@@ -192,6 +238,7 @@ class QueuedSocket(AsyncWebSocketAdapter):
             if queue.empty():
                 # Everything queued is out: the next frame starts another writer.
                 self._queue = self._writer = None
+                self._make_room()
                 return
             message = queue.get_nowait()
             try:
@@ -205,6 +252,7 @@ class QueuedSocket(AsyncWebSocketAdapter):
                 return
             except WebSocketDisconnected:
                 self._closed = True
+                self._make_room()
                 return
             finally:
                 queue.task_done()
@@ -238,12 +286,14 @@ class QueuedSocket(AsyncWebSocketAdapter):
             return
 
     def _stop_writer(self) -> None:
+        self._make_room()
         if self._writer is not None and self._writer is not asyncio.current_task():
             self._writer.cancel()
 
     async def finish(self) -> None:
         """Stops the writer once the connection's handler is done with it."""
         self._closed = True
+        self._make_room()
         writer, self._writer = self._writer, None
         if writer is not None and writer is not asyncio.current_task():
             writer.cancel()

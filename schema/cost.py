@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +69,7 @@ from resolvers.core.ratelimit import BudgetState
 from resolvers.domain import families
 from resolvers.domain.capsules import MAX_RECIPIENTS
 from resolvers.domain.tags import MAX_TAGS
+from resolvers.processes import live
 from schema.guard import refuse
 from store.port import StoreError
 
@@ -310,6 +311,24 @@ def actual_cost(schema: GraphQLSchema, document: Any, operation_name: str | None
     return Actual(schema, fragments).objects([operation.selection_set], root, data)
 
 
+def settle_event(schema: GraphQLSchema, document: Any, operation_name: str | None, data: Any) -> None:
+    """After a subscription event ran for its subscriber: its actual cost
+    settles what its stream charged for it (`live.HeldStream.settle`)."""
+    stream = live.delivering.get()
+    if stream is None:
+        return
+    live.delivering.set(None)
+    if stream.budgeted:
+        stream.settle(actual_cost(schema, document, operation_name, data))
+
+
+def event_actual_cost(info: Any) -> Callable[[Any], int]:
+    """What one event's answer `data` of the subscription `info` resolves cost."""
+    raw = info._raw_info
+    root = raw.schema.subscription_type
+    return lambda data: Actual(raw.schema, raw.fragments).objects([raw.operation.selection_set], root, data)
+
+
 def event_cost(info: Any) -> int:
     """What one event of the subscription `info` resolves costs: its selection,
     estimated with the operation's coerced variables (at least 1)."""
@@ -492,6 +511,17 @@ class QueryCost(SchemaExtension):
                 execution_context.operation_name,
                 getattr(result, "data", None),
             )
+
+    def on_stream_result(self, result: Any) -> Iterator[None]:
+        execution_context = self.execution_context
+        if execution_context.graphql_document is not None:
+            settle_event(
+                execution_context.schema._schema,
+                execution_context.graphql_document,
+                execution_context.operation_name,
+                getattr(result, "data", None),
+            )
+        yield None
 
     def get_results(self) -> dict[str, Any]:
         return self.results or {}

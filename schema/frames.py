@@ -35,13 +35,15 @@ from typing import Any, Protocol
 import orjson
 from graphql import ExecutionResult
 
+from schema.cost import event_actual_cost
 from schema.multiplex import SHARED, Plan, class_key, plan_for, variables_key
 
 # Stands for each subscriber's event id in a class's encoded data.
 _EVENT_ID = "\x00mifamilias-event-id\x00"
 _EVENT_ID_ENCODED = orjson.dumps(_EVENT_ID).decode()
 
-Charge = Callable[[], Awaitable[None]]  # charges one event to the subscriber's budget
+# Charges one event to the subscriber's budget: its actual cost, when known.
+Charge = Callable[[int | None], Awaitable[None]]
 
 
 class Socket(Protocol):
@@ -61,6 +63,15 @@ class Socket(Protocol):
         queues it: a caller sending to many sockets in turn waits for none."""
         ...
 
+    def backed_up(self) -> bool:
+        """Whether the client is not taking what it was sent."""
+        ...
+
+    async def room(self) -> bool:
+        """Waits until the client takes what it was sent; False when it
+        was let go meanwhile (nothing more goes to it)."""
+        ...
+
 
 @dataclass(frozen=True)
 class Target:
@@ -75,10 +86,11 @@ target: contextvars.ContextVar[Target | None] = contextvars.ContextVar("frames_t
 class Encoded:
     """A class's result as JSON, split where each subscriber's event id goes."""
 
-    __slots__ = ("parts", "result", "usable")
+    __slots__ = ("actual", "parts", "result", "usable")
 
     def __init__(self, result: ExecutionResult, plan: Plan) -> None:
         self.result = result
+        self.actual: int | None = None  # what the result cost, counted once for its class
         data = result.data
         if plan.event_ids and data is not None:
             event = dict(data[plan.root])
@@ -116,12 +128,18 @@ class FrameSink:
     """One subscription operation on a WebSocket whose events may leave as
     their class's shared frame."""
 
-    __slots__ = ("_counted", "_leading", "_prefix", "_target", "plan", "variables")
+    __slots__ = ("_cost_of", "_counted", "_leading", "_prefix", "_target", "plan", "variables")
 
     def __init__(
-        self, found: Target, plan: Plan, variables: dict[str, Any], counted: Callable[[], None]
+        self,
+        found: Target,
+        plan: Plan,
+        variables: dict[str, Any],
+        counted: Callable[[], None],
+        cost_of: Callable[[Any], int],
     ) -> None:
         self._target = found
+        self._cost_of = cost_of  # what an event's data cost
         self.plan = plan
         self.variables = variables_key(variables)
         self._counted = counted  # one frame sent as its class's
@@ -132,6 +150,10 @@ class FrameSink:
     async def sent(self, share: Hashable, event_id: str | None, charge: Charge) -> bool:
         """Whether the event went out as its class's frame. False: the caller
         delivers it the ordinary way, then calls `done` (it may lead the class)."""
+        # Nothing is encoded, led or charged for a client that is not reading,
+        # nor for one let go (its operation is being stopped).
+        if not await self._target.socket.room():
+            return True
         key = class_key(self.plan, self.variables, share)
         shared = SHARED.lead(key)
         if shared is None:
@@ -140,7 +162,9 @@ class FrameSink:
         encoded = await self._encoded(key, shared)
         if encoded is None:
             return False
-        await charge()
+        if encoded.actual is None:
+            encoded.actual = self._cost_of(encoded.result.data)
+        await charge(encoded.actual)
         found = self._target
         await self._send(encoded, event_id, found.socket.send_frame)
         return True
@@ -150,7 +174,10 @@ class FrameSink:
         opening's turn, `resolvers.processes.live`), where no budget is charged:
         it waits for the class's result, never for the client. None when the
         class has no lead yet (nobody is made one); False when its result is
-        not one to share."""
+        not one to share, or the client is not taking what it was sent (its
+        own task waits for it: `sent`)."""
+        if self._target.socket.backed_up():
+            return False
         key = class_key(self.plan, self.variables, share)
         shared = SHARED.peek(key)
         if shared is None:
@@ -206,4 +233,4 @@ def sink_for(info: Any) -> FrameSink | None:
     # `VariableValues` (the same values, `.coerced`) where an event executes.
     variables = raw.variable_values
     counted = functools.partial(info.context.services.metrics.shared_frame, info.field_name)
-    return FrameSink(found, plan, getattr(variables, "coerced", variables), counted)
+    return FrameSink(found, plan, getattr(variables, "coerced", variables), counted, event_actual_cost(info))

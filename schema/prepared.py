@@ -306,6 +306,7 @@ async def stream(
     try:
         async with aclosing(cast(AsyncGenerator[GraphQLExecutionResult, None], source)) as events:
             async for event in events:
+                cost.settle_event(graphql_schema, prepared.document, prepared.name, event.data)
                 yield answer(event)
     except Exception as error:  # graphql-core does not catch what an event's execution raises
         yield failed(error)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable
+from contextlib import aclosing
 
 import strawberry
 
@@ -17,7 +18,8 @@ from schema.notification import Notification
 # graphql-transport-ws), and charges every event it delivers at its cost. An
 # event shared by a class of subscribers on WebSockets leaves as the class's
 # frame when it can (`schema.frames`); the one that leads the class, and every
-# other, take the ordinary way.
+# other, take the ordinary way. A stream closed closes what it reads from at
+# once (its channel, its replay's turn), not when it is collected.
 
 
 async def sent(
@@ -45,22 +47,23 @@ class Subscription:
             stream = live.capsules_unlocked(
                 info.context, str(after) if after is not None else None, most, frames=sink
             )
-            async for capsule, unlocked_at, event_id, share, prime in stream:
-                if share is not None and await sent(sink, share, event_id, charge):
-                    continue
-                prime()
-                try:
-                    yield CapsuleUnlockedEvent(
-                        id=strawberry.ID(event_id),
-                        capsule=Capsule(item=capsule),
-                        unlocked_at=when(unlocked_at),
-                        share=share,
-                    )
-                finally:
-                    if sink is not None:
-                        sink.done()
+            async with aclosing(stream):
+                async for capsule, unlocked_at, event_id, share, prime in stream:
+                    if share is not None and await sent(sink, share, event_id, charge):
+                        continue
+                    prime()
+                    try:
+                        yield CapsuleUnlockedEvent(
+                            id=strawberry.ID(event_id),
+                            capsule=Capsule(item=capsule),
+                            unlocked_at=when(unlocked_at),
+                            share=share,
+                        )
+                    finally:
+                        if sink is not None:
+                            sink.done()
 
-        return await live.held(info.context, events, cost)  # type: ignore[return-value]
+        return await live.held(info.context, events, cost, info.field_name)  # type: ignore[return-value]
 
     @strawberry.subscription(
         description="every notification addressed to the viewer, as it is created; with `after` "
@@ -74,10 +77,11 @@ class Subscription:
 
         async def events(charge: live.Charge) -> AsyncIterator[Notification]:
             stream = live.notifications_added(info.context, str(after) if after is not None else None, most)
-            async for note in stream:
-                yield Notification(item=note)
+            async with aclosing(stream):
+                async for note in stream:
+                    yield Notification(item=note)
 
-        return await live.held(info.context, events, cost)  # type: ignore[return-value]
+        return await live.held(info.context, events, cost, info.field_name)  # type: ignore[return-value]
 
     @strawberry.subscription(
         description="status changes of one content the viewer may read; the first event is its status now"
@@ -88,13 +92,14 @@ class Subscription:
         sink = frames.sink_for(info)
 
         async def events(charge: live.Charge) -> AsyncIterator[Content]:
-            async for content, share in live.content_status(info.context, str(content_id)):
-                if share is not None and await sent(sink, share, None, charge):
-                    continue
-                try:
-                    yield Content(item=content, share=share)
-                finally:
-                    if sink is not None:
-                        sink.done()
+            async with aclosing(live.content_status(info.context, str(content_id))) as stream:
+                async for content, share in stream:
+                    if share is not None and await sent(sink, share, None, charge):
+                        continue
+                    try:
+                        yield Content(item=content, share=share)
+                    finally:
+                        if sink is not None:
+                            sink.done()
 
-        return await live.held(info.context, events, event_cost(info))  # type: ignore[return-value]
+        return await live.held(info.context, events, event_cost(info), info.field_name)  # type: ignore[return-value]

@@ -418,6 +418,14 @@ class _Guarded:
         queued: backpressure.QueuedSocket = self.websocket
         await queued.send_at_once(frame)
 
+    def backed_up(self) -> bool:
+        queued: backpressure.QueuedSocket = self.websocket
+        return queued.backed_up()
+
+    async def room(self) -> bool:
+        queued: backpressure.QueuedSocket = self.websocket
+        return await queued.room()
+
 
 class TransportWSHandler(_Guarded, BaseGraphQLTransportWSHandler[Context, None]):
     """graphql-transport-ws: a refused sign-in, or an expired token, closes with

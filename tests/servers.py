@@ -232,6 +232,27 @@ async def engine_env(engine: str, request: pytest.FixtureRequest) -> AsyncIterat
             await table.client.delete_table(TableName=name)
 
 
+@contextlib.asynccontextmanager
+async def server_table(server: ServerProcess) -> AsyncIterator[Any]:
+    """The table a server process uses (its environment's engine), opened by
+    the test beside it."""
+    if "MIFAMILIAS_DYNAMODB_ENDPOINT" in server.env:
+        from store.dynamodb import open_dynamo_table
+
+        async with open_dynamo_table(
+            server.env["MIFAMILIAS_TABLE_NAME"], server.env["MIFAMILIAS_DYNAMODB_ENDPOINT"], "us-east-1"
+        ) as table:
+            yield table
+        return
+    from store.sqlite import SqliteTable
+
+    sqlite = SqliteTable(server.data_dir / "mifamilias.sqlite3")
+    try:
+        yield sqlite
+    finally:
+        await sqlite.close()
+
+
 def pipeline_env(engine: dict[str, str], **more: str) -> dict[str, str]:
     """A server process on `engine` whose pipeline lets go of a killed
     process's content fast: a lease of 3 s, recovery every 0.5 s."""

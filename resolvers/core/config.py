@@ -135,6 +135,10 @@ class Settings(BaseSettings):
     # and process; per WebSocket connection.
     max_subscriptions_per_person: Annotated[int, Field(ge=1)] = 50
     max_subscriptions_per_connection: Annotated[int, Field(ge=1)] = 20
+    # Replays (`after`) of one person's subscriptions running at once in a
+    # process; the rest wait their turn: each reads and executes up to a
+    # thousand events, and a reconnecting app resumes a few at a time anyway.
+    max_replays_per_person: Annotated[int, Field(ge=1)] = 2
     operation_deadline_seconds: float = 10.0
     # How often an idle subscription hears from the server (WebSocket ping or
     # `ka`, an SSE comment, an empty multipart part), so proxies keep it open.

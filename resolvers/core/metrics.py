@@ -116,6 +116,13 @@ class Metrics:
             ["subscription"],
             registry=r,
         )
+        self.events_executed = Counter(
+            "mifamilias_subscription_events_executed",
+            "Subscription events executed for one subscriber, by subscription field "
+            "(a class's shared frame is counted apart)",
+            ["subscription"],
+            registry=r,
+        )
         self.events_dropped = Counter(
             "mifamilias_events_dropped",
             "Live events dropped for a subscriber too far behind",
@@ -274,6 +281,10 @@ class Metrics:
     def shared_frame(self, subscription: str) -> None:
         if self.enabled:
             self._child(self.shared_frames, subscription).inc()
+
+    def executed(self, subscription: str) -> None:
+        if self.enabled:
+            self._child(self.events_executed, subscription).inc()
 
     def slow_client_closed(self, transport: str, reason: str) -> None:
         if self.enabled:

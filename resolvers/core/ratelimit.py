@@ -105,11 +105,13 @@ class RateLimiter:
         cost_bucket: Bucket | None = None,
         budget_counter: BudgetCounter | None = None,
         streams_per_person: int = 50,
+        replays_per_person: int = 2,
     ) -> None:
         self.table = table
         self.limits = limits
         self.budget = CostBudget(budget_counter or TableBudgetCounter(table), cost_bucket or Bucket(0, 1))
         self.streams = StreamSlots(table, streams_per_person)
+        self.replays = Turns(replays_per_person)
 
     def _window(self, action: str, now: datetime) -> tuple[Limit, int, float] | None:
         limit = self.limits.get(action)
@@ -380,6 +382,9 @@ class CostBudget:
         self.bucket = bucket
         # Deliveries being charged together, by person (`charge_delivery`).
         self._deliveries: dict[str, _Deliveries] = {}
+        # Points a person's events were charged beyond their actual cost
+        # (`credit`), taken off their next delivery's charge.
+        self._credit: dict[str, int] = {}
         self._refunds: set[asyncio.Task[None]] = set()
 
     @property
@@ -418,7 +423,10 @@ class CostBudget:
         state after, at once (the write follows on its own)."""
         if points <= 0:
             return state
+        self._give_back(subject, points, now)
+        return state.refunded(points)
 
+    def _give_back(self, subject: str, points: int, now: datetime) -> None:
         async def give_back() -> None:
             try:
                 await self.counter.refund(subject, points, self.bucket, _micros(now))
@@ -428,7 +436,6 @@ class CostBudget:
         task = asyncio.get_running_loop().create_task(give_back())
         self._refunds.add(task)
         task.add_done_callback(self._refunds.discard)
-        return state.refunded(points)
 
     async def charge_delivery(self, subject: str, cost: int, now: datetime) -> None:
         """`charge` for one subscription event, together with every other event
@@ -451,8 +458,30 @@ class CostBudget:
             # One error for every waiter: each raises it afresh, its traceback not grown by the others.
             raise error.with_traceback(None) from None
 
+    def credit(self, subject: str, points: int) -> None:
+        """Points an event was charged beyond what it really cost (its
+        actual cost, known once it ran): its person's next delivery costs
+        that much less, so events are charged their actual cost without a
+        write of their own (`settle_credit` gives back what is left)."""
+        if self.enabled and points > 0:
+            self._credit[subject] = self._credit.get(subject, 0) + points
+
+    def settle_credit(self, subject: str, now: datetime) -> None:
+        """Gives back the credit a person's streams have left, as a refund."""
+        points = self._credit.pop(subject, 0)
+        if points > 0:
+            self._give_back(subject, points, now)
+
     def _spend_deliveries(self, subject: str) -> None:
         pending = self._deliveries.pop(subject)
+        credit = self._credit.pop(subject, 0)
+        if credit >= pending.cost:
+            # Paid already, by what earlier events were charged beyond their cost.
+            if credit > pending.cost:
+                self._credit[subject] = credit - pending.cost
+            pending.done.set_result(None)
+            return
+        pending.cost -= credit
 
         async def spend() -> None:
             try:
@@ -499,6 +528,54 @@ def _retrieved(future: asyncio.Future[None]) -> None:
 
 STREAM_LEASE_SECONDS = 60.0
 PROBES = 3
+
+
+class Turns:
+    """At most `per_key` holders of one key at a time, in this process; the
+    others wait in the order they came. A key nobody holds or waits for
+    takes no memory."""
+
+    def __init__(self, per_key: int) -> None:
+        self.per_key = per_key
+        self._keys: dict[str, _Turn] = {}
+
+    async def take(self, key: str) -> Callable[[], None]:
+        """Waits for a turn of `key`'s; what gives it back (once, however often called)."""
+        turn = self._keys.get(key)
+        if turn is None:
+            turn = self._keys[key] = _Turn(asyncio.Semaphore(self.per_key))
+        turn.users += 1
+        try:
+            await turn.slots.acquire()
+        except BaseException:
+            self._leave(key, turn)
+            raise
+        given_back = False
+
+        def give_back() -> None:
+            nonlocal given_back
+            if not given_back:
+                given_back = True
+                turn.slots.release()
+                self._leave(key, turn)
+
+        return give_back
+
+    def holders(self, key: str) -> int:
+        """How many hold a turn of `key`'s or wait for one."""
+        turn = self._keys.get(key)
+        return 0 if turn is None else turn.users
+
+    def _leave(self, key: str, turn: _Turn) -> None:
+        turn.users -= 1
+        if turn.users == 0:
+            del self._keys[key]
+
+
+@dataclass
+class _Turn:
+    slots: asyncio.Semaphore
+    users: int = 0  # holding a turn or waiting for one
 
 
 class StreamSlots:

@@ -15,11 +15,13 @@ live, so there is neither a gap nor a duplicate at the seam.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar, cast
 
@@ -41,8 +43,9 @@ T = TypeVar("T")
 RESYNC_KIND = RESYNC["kind"]
 
 
-# Charges one event of a stream at its cost (`HeldStream.charge`).
-Charge = Callable[[], Awaitable[None]]
+# Charges one event of a stream: its actual cost when it is known before the
+# event is sent (a class's shared result), else its estimate (`HeldStream.charge`).
+Charge = Callable[[int | None], Awaitable[None]]
 
 
 class HeldStream(Generic[T]):
@@ -50,24 +53,45 @@ class HeldStream(Generic[T]):
     (`RateLimiter.streams`): each event delivered, replayed or live, is charged
     `cost` points of the person's budget first (what `events` yields, here;
     what it delivers itself, through the `charge` it is given); the slot is
-    given back when the stream ends or is closed, iterated or not."""
+    given back when the stream ends or is closed, iterated or not. What it
+    yields is executed for this subscriber alone: counted by `name`, and
+    charged its estimate until it has run, then its actual cost (`settle`).
+    The stream an event came from is `delivering` where it is executed."""
 
     def __init__(
-        self, ctx: Context, events: Callable[[Charge], AsyncIterator[T]], slot: Key, subject: str, cost: int
+        self,
+        ctx: Context,
+        events: Callable[[Charge], AsyncIterator[T]],
+        slot: Key,
+        subject: str,
+        cost: int,
+        name: str,
     ) -> None:
         self.ctx = ctx
         self.slot = slot
         self.subject = subject
         self.cost = cost
+        self.name = name
         self.closed = False
         self.events = events(self.charge)
 
     def __aiter__(self) -> HeldStream[T]:
         return self
 
-    async def charge(self) -> None:
+    async def charge(self, actual: int | None = None) -> None:
         rates = self.ctx.services.rates
-        await rates.budget.charge_delivery(self.subject, self.cost, self.ctx.services.now())
+        cost = self.cost if actual is None else max(1, actual)
+        await rates.budget.charge_delivery(self.subject, cost, self.ctx.services.now())
+
+    @property
+    def budgeted(self) -> bool:
+        """Whether its events are charged at all (a budget is on)."""
+        return self.ctx.services.rates.budget.enabled
+
+    def settle(self, actual: int) -> None:
+        """The last event yielded ran and cost `actual`: what it was charged
+        beyond that comes off the person's next charge."""
+        self.ctx.services.rates.budget.credit(self.subject, self.cost - max(1, actual))
 
     async def __anext__(self) -> T:
         try:
@@ -76,6 +100,8 @@ class HeldStream(Generic[T]):
         except BaseException:
             await self.aclose()
             raise
+        self.ctx.services.metrics.executed(self.name)
+        delivering.set(self)
         return event
 
     async def aclose(self) -> None:
@@ -87,15 +113,25 @@ class HeldStream(Generic[T]):
             if aclose is not None:
                 await aclose()
         finally:
-            await self.ctx.services.rates.streams.release(self.slot)
+            rates = self.ctx.services.rates
+            rates.budget.settle_credit(self.subject, self.ctx.services.now())
+            await rates.streams.release(self.slot)
 
 
-async def held(ctx: Context, events: Callable[[Charge], AsyncIterator[T]], cost: int) -> HeldStream[T]:
-    """`events(charge)` as a stream that holds a slot of the viewer's;
-    RATE_LIMITED (before anything is subscribed) when they have every slot."""
+# The stream whose event is being executed, in the task that executes it: the
+# schema settles the event's charge by its result (`HeldStream.settle`).
+delivering: ContextVar[HeldStream[Any] | None] = ContextVar("delivering", default=None)
+
+
+async def held(
+    ctx: Context, events: Callable[[Charge], AsyncIterator[T]], cost: int, name: str
+) -> HeldStream[T]:
+    """`events(charge)` as the stream of subscription field `name`, holding a
+    slot of the viewer's; RATE_LIMITED (before anything is subscribed) when
+    they have every slot."""
     subject = f"user:{await ctx.viewer_id()}"
     slot = await ctx.services.rates.streams.hold(subject)
-    return HeldStream(ctx, events, slot, subject, cost)
+    return HeldStream(ctx, events, slot, subject, cost, name)
 
 
 def _broker(ctx: Context) -> EventBus:
@@ -117,7 +153,7 @@ def _refresh(ctx: Context) -> None:
 Share = tuple[str | bool | None, ...]
 
 
-async def content_status(ctx: Context, content_id: str) -> AsyncIterator[tuple[Content, Share | None]]:
+async def content_status(ctx: Context, content_id: str) -> AsyncGenerator[tuple[Content, Share | None], None]:
     """The content as it is now, then again at every status change; with each
     change, what the viewer's rights on it depend on."""
     with ctx.services.metrics.subscription("contentStatusChanged"):
@@ -410,6 +446,25 @@ class Place:
         return [Notification.from_item(item) for item in page.items]
 
 
+@contextlib.asynccontextmanager
+async def _replay_turn(ctx: Context, viewer: str, after: str | None) -> AsyncIterator[Callable[[], None]]:
+    """With `after`, one of the viewer's replay turns (`RateLimiter.replays`),
+    held until the replay is sent: what ends it (called once it is; again
+    is nothing). Without, nothing to wait for."""
+    if after is None:
+        yield _nothing
+        return
+    give_back = await ctx.services.rates.replays.take(viewer)
+    try:
+        yield give_back
+    finally:
+        give_back()
+
+
+def _nothing() -> None:
+    return None
+
+
 def _too_many(after: str, most: int) -> BadInput:
     return BadInput(
         f"after: more than {most} notifications came since {after!r}, more than a replay of this "
@@ -554,7 +609,7 @@ class _OpeningReceiver:
 
 async def capsules_unlocked(
     ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT, frames: ClassFrames | None = None
-) -> AsyncIterator[tuple[Capsule, str, str, Share | None, Callable[[], None]]]:
+) -> AsyncGenerator[tuple[Capsule, str, str, Share | None, Callable[[], None]], None]:
     """(capsule, unlocked at, event id, share, prime) for every capsule the
     viewer may read as it opens; with `after`, first those that opened since
     that event. The event id is the public id of the viewer's notification of
@@ -567,7 +622,10 @@ async def capsules_unlocked(
         seen = Seen()
         place = Place(viewer)
         receiver = _OpeningReceiver(ctx, viewer, seen, place, frames) if frames is not None else None
-        async with _broker(ctx).subscribe(user_channel(viewer, "capsules"), receiver) as events:
+        async with (
+            _broker(ctx).subscribe(user_channel(viewer, "capsules"), receiver) as events,
+            _replay_turn(ctx, viewer, after) as replayed,
+        ):
             replay = await _notifications_after(ctx, viewer, after, most) if after is not None else []
             while True:
                 for note in replay:
@@ -585,6 +643,7 @@ async def capsules_unlocked(
                             None,
                             functools.partial(opened.prime, ctx),
                         )
+                replayed()
                 event = await anext(events)
                 if event.get("kind") == RESYNC_KIND:
                     replay = await place.missed(ctx)
@@ -618,20 +677,24 @@ async def _capsule_for(ctx: Context, event: dict[str, object], viewer: str) -> O
 
 async def notifications_added(
     ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT
-) -> AsyncIterator[Notification]:
+) -> AsyncGenerator[Notification, None]:
     """Every notification addressed to the viewer as it is created; with
     `after`, first those created since that one."""
     with ctx.services.metrics.subscription("notificationAdded"):
         viewer = await ctx.viewer_id()
         seen = Seen()
         place = Place(viewer)
-        async with _broker(ctx).subscribe(notifications.channel(viewer)) as events:
+        async with (
+            _broker(ctx).subscribe(notifications.channel(viewer)) as events,
+            _replay_turn(ctx, viewer, after) as replayed,
+        ):
             replay = await _notifications_after(ctx, viewer, after, most) if after is not None else []
             while True:
                 for note in replay:
                     place.passed(note.created_at, note.id)
                     if seen.first_time(note.id):
                         yield note
+                replayed()
                 event = await anext(events)
                 if event.get("kind") == RESYNC_KIND:
                     replay = await place.missed(ctx)

@@ -10,14 +10,15 @@ never throttled, and one hammering heavy queries is within seconds."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.api.conftest import Api, running_api
-from tests.api.test_resume import NOTES, note_for, stream
+from tests.api.test_resume import NOTES, next_data, note_for, stream
 from tests.factories import family_with_members, settle, upload
 from tests.typical_calls import HOME_QUERY, VIEWERS, build_world
 
@@ -115,6 +116,72 @@ async def test_a_short_list_is_charged_what_came_back_and_the_rest_refunded(stil
     await api.services.rates.budget.drain()
     after = (await api.post("{ me { id } }", as_="ana"))["extensions"]["cost"]["throttleStatus"]
     assert after["currentlyAvailable"] == status["currentlyAvailable"] - 1
+
+
+# An event whose family has one member, but whose selection could hold twenty:
+# requested 1 + 1 + 1 + 20 + 20 = 43, actual 1 + 1 + 1 + 1 + 1 = 5.
+LISTED_NOTES = """subscription($after: ID) { notificationAdded(after: $after) { id
+  family { id members(first: 20) { edges { node { role } } } } } }"""
+
+
+async def test_subscription_events_are_charged_their_actual_cost(still_api: Api) -> None:
+    api = still_api
+    family_id = await family_with_members(api, "ana", [])
+    first = await note_for(api, "ana", family_id)
+    for _ in range(3):
+        await note_for(api, "ana", family_id)
+    await api.services.rates.budget.drain()
+    before = (await api.post("{ me { id } }", as_="ana"))["extensions"]["cost"]["throttleStatus"]
+    async with stream(api, LISTED_NOTES, first.id, "ana") as events:
+        replayed = [await asyncio.wait_for(events.__anext__(), 30) for _ in range(3)]
+    assert all(r.errors is None for r in replayed), [r.errors for r in replayed]
+    assert all(len(r.data["notificationAdded"]["family"]["members"]["edges"]) == 1 for r in replayed)
+    await api.services.rates.budget.drain()  # the stream's credit, given back as it closed
+    after = (await api.post("{ me { id } }", as_="ana"))["extensions"]["cost"]["throttleStatus"]
+    # Three events of 5, and the `me` that reads the bucket (1): not three of 43.
+    assert after["currentlyAvailable"] == before["currentlyAvailable"] - 3 * 5 - 1
+
+
+async def test_a_persons_replays_take_turns_and_nobody_elses_wait(still_api: Api) -> None:
+    """At most MAX_REPLAYS_PER_PERSON (2) of one person's replays run at once;
+    a third waits until one of them has sent what it replays, and another
+    person's replay does not wait at all."""
+    api = still_api
+    turns = api.services.rates.replays
+    assert turns.per_key == api.services.settings.max_replays_per_person == 2
+    family_id = await family_with_members(api, "ana", ["ben"])
+    first = {person: await note_for(api, person, family_id) for person in ("ana", "ben")}
+    for _ in range(3):
+        for person in ("ana", "ben"):
+            await note_for(api, person, family_id)
+    async with contextlib.AsyncExitStack() as streams:
+        one, two, three = [
+            await streams.enter_async_context(stream(api, NOTES, first["ana"].id, "ana")) for _ in range(3)
+        ]
+        for replaying in (one, two):
+            assert (await next_data(replaying))["notificationAdded"]["type"] == "MEMBER_JOINED"
+        third = asyncio.ensure_future(next_data(three))
+        await until_true(lambda: turns.holders("ana") == 3)  # two replaying, the third waiting
+        assert not third.done()
+        # Another person's replay goes at once.
+        async with stream(api, NOTES, first["ben"].id, "ben") as bens:
+            assert (await next_data(bens))["notificationAdded"]["type"] == "MEMBER_JOINED"
+        # The first sends the rest of its replay and goes on live: its turn is the third's.
+        for _ in range(2):
+            await next_data(one)
+        live = asyncio.ensure_future(one.__anext__())
+        assert (await asyncio.wait_for(third, 30))["notificationAdded"]["type"] == "MEMBER_JOINED"
+        live.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await live
+    assert turns.holders("ana") == 0
+
+
+async def until_true(condition: Callable[[], bool]) -> None:
+    """Lets the loop run until `condition` holds (a hang guard of 30 s)."""
+    async with asyncio.timeout(30):
+        while not condition():
+            await asyncio.sleep(0)
 
 
 async def test_the_home_screen_is_admitted_on_the_default_settings(default_api: Api) -> None:
