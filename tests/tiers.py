@@ -25,7 +25,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # Top-level modules that start nothing: they read the code, the schema or an app in this process.
-IN_PROCESS_MODULES = frozenset({"tests.test_layers", "tests.test_resolving", "tests.test_schema_contract"})
+IN_PROCESS_MODULES = frozenset(
+    {"tests.test_layers", "tests.test_lock", "tests.test_resolving", "tests.test_schema_contract"}
+)
 HEAVY_MODULES = frozenset(
     {
         "tests.api.test_transcription",  # the speech model on spoken clips
