@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from resolvers.adapters.media import probe
+from store import keys
 from tests import media_factory
 from tests.api.conftest import Api, running_api
 from tests.factories import (
@@ -477,3 +478,34 @@ async def test_content_left_mid_pipeline_is_picked_up_again(api: Api) -> None:
     assert await api.services.pipeline.recover() == 1
     await settle(api)
     assert (await api.ok(CONTENT, {"id": content_id}, as_="ana"))["content"]["status"] == "READY"
+
+
+async def test_one_persons_many_uploads_delay_another_familys_by_one_job_at_most(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ben's eight uploads are queued before Cy's one, with two pipeline
+    workers: Ben's hold one worker at a time, so Cy's is processed first or
+    second, not ninth."""
+    assert api.services.settings.pipeline_workers == 2
+    busy = await family_with_members(api, "ben", [])
+    other = await family_with_members(api, "cy", [], name="Los Ruiz")
+    pipeline = api.services.pipeline
+    submitted: list[tuple[str, str | None]] = []
+    # Held back while everything is uploaded, then queued at once, in upload order.
+    with monkeypatch.context() as patch:
+        patch.setattr(
+            pipeline, "submit", lambda content_id, author_id=None: submitted.append((content_id, author_id))
+        )
+        bens = [await upload(api, "ben", busy, "TEXT", f"nota {n}".encode(), "text/plain") for n in range(8)]
+        cys = await upload(api, "cy", other, "TEXT", b"hola", "text/plain")
+    assert [content_id for content_id, _ in submitted] == [*bens, cys]
+    for content_id, author_id in submitted:
+        pipeline.submit(content_id, author_id)
+    await settle(api)
+    ready_at = {}
+    for content_id in [*bens, cys]:
+        item = await api.table.get(keys.content(content_id))
+        assert item is not None and item["status"] == "READY"
+        ready_at[content_id] = item["readyAt"]
+    order = sorted(ready_at, key=ready_at.__getitem__)
+    assert order.index(cys) <= 1, order
