@@ -246,7 +246,7 @@ async def server_table(server: ServerProcess) -> AsyncIterator[Any]:
         return
     from store.sqlite import SqliteTable
 
-    sqlite = SqliteTable(server.data_dir / "mifamilias.sqlite3")
+    sqlite = SqliteTable(Path(server.env["MIFAMILIAS_DATA_DIR"]) / "mifamilias.sqlite3")
     try:
         yield sqlite
     finally:

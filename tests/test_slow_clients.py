@@ -87,7 +87,8 @@ async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
 
 
 def shards(server: ServerProcess) -> int:
-    return int(server.env.get("MIFAMILIAS_UNLOCK_SHARDS", Settings(data_dir=server.data_dir).unlock_shards))
+    default = Settings(data_dir=Path(server.env["MIFAMILIAS_DATA_DIR"])).unlock_shards
+    return int(server.env.get("MIFAMILIAS_UNLOCK_SHARDS", default))
 
 
 async def write_flood(
