@@ -59,6 +59,19 @@ class Clients:
                 self.stop()
                 raise RuntimeError(f"clients failed to subscribe: {line}")
 
+    def started(self) -> int:
+        """Once every subscription is sent: how many had ended already (a
+        replay the budget refused ends; that is no failure to start)."""
+        ended = 0
+        for proc in self.procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().split(" ", 3)
+            if len(line) < 3 or line[0] != "READY":
+                self.stop()
+                raise RuntimeError(f"clients failed to subscribe: {line}")
+            ended += int(line[2])
+        return ended
+
     def count(self) -> int:
         """Events the clients have received so far."""
         total = 0

@@ -6,12 +6,15 @@ over, (b) a 9400×9400 PNG going through the pipeline, (c) 30 MB request bodies,
 forms (a size sent as `100.0`, or a declared default) from 4 clients, (g) 20
 heavy subscriptions of one person (the per-person default bound, on the
 default cost budget) while another person comments, (h) 4 clients sending the most expensive
-query the cost limit admits, on a feed of 100.
+query the cost limit admits, on a feed of 100, (i) 20 replays (`after`) of that
+heavy selection by one person at once; and, measured apart, (e) on DynamoDB
+(moto) with Redis too, and (j) another person's push behind 20 slow devices.
 The baseline is the same prober against the idle server, in the same run. For
 (b), the server's memory (its own, and with its child processes) during and after."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -20,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,7 @@ SECTION = "6. Robustness"
 P99_TARGET_MS = 100.0
 RSS_TARGET_MB = 300.0
 HEAVY_SUBSCRIPTIONS = 20
+PARALLEL_REPLAYS = 20
 SUBSCRIBING_PEOPLE = 100
 
 
@@ -319,6 +323,29 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
         finally:
             heavy_clients.stop()
 
+        # (i): the same heavy selection, replayed by 20 subscriptions of one
+        # person at once from their oldest notification (the comments above).
+        oldest = gql(base, "ana", "{ notifications(first: 100) { edges { node { id } } } }")
+        after = oldest["notifications"]["edges"][-1]["node"]["id"]
+        replay = heavy.replace("notificationAdded {", f"notificationAdded(after: {json.dumps(after)}) {{")
+
+        def replays() -> str:
+            clients = Clients(server.ws_url, [token("ana")] * PARALLEL_REPLAYS, 1, replay)
+            try:
+                clients.started()
+                time.sleep(seconds)
+            finally:
+                received = clients.stop()
+            refused = sum(1 for _, label in received if label == "REFUSED")
+            return (
+                f"{PARALLEL_REPLAYS} replays of one person at once, each of "
+                f"{len(oldest['notifications']['edges']) - 1} notifications at ~4,500 points an event; "
+                f"the default budget and replay turns; {len(received) - refused} events delivered, "
+                f"{refused} replays refused by the budget"
+            )
+
+        measure(f"(i) {PARALLEL_REPLAYS} parallel replays of one person", replays)
+
         # (h): 24 aliased feeds of 100 ids and titles: 4,825, under the limit of 5,000.
         admitted = " ".join(
             f"f{n}: feed(first: 100) {{ edges {{ node {{ id title }} }} }}" for n in range(24)
@@ -384,7 +411,9 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
             f"within {time.monotonic() - measure_started:.1f} s",
         )
     rows = rows_of(results, memory)
-    rows += slow_readers(log_dir)
+    rows += slow_readers(log_dir, "sqlite")
+    rows += slow_readers(log_dir, "dynamodb")
+    rows += push_behind_slow_devices(log_dir)
     return rows
 
 
@@ -392,39 +421,45 @@ SLOW_READERS, NORMAL_READERS = 60, 30
 DELIVERY_TARGET_S = 2.0
 
 
-def slow_readers(log_dir: Path) -> list[Row]:
+def slow_readers(log_dir: Path, engine: str) -> list[Row]:
     """(e) 60 subscribers that stop reading, with large selections, beside 30
-    that read (tests/test_slow_clients.py's scenario): /healthz p99 meanwhile,
-    and how late after its date the normal ones get a capsule's opening. A
-    server of its own: the scheduler polls, slow clients are let go after 5 s."""
-    import asyncio
-
+    of another family that read (tests/test_slow_clients.py's scenario):
+    /healthz p99 meanwhile, and how late after its date the normal ones get a
+    capsule's opening. A server of its own, on `engine` (DynamoDB: a table on
+    a moto_server of its own, and Redis): the scheduler polls, slow clients are
+    let go after 5 s."""
+    from tests.servers import SECRET as TEST_SECRET  # the scenario's tokens
     from tests.test_slow_clients import slow_and_normal
 
-    data_dir = log_dir / "slow-readers"
+    data_dir = log_dir / f"slow-readers-{engine}"
     data_dir.mkdir(parents=True, exist_ok=True)
-    from tests.servers import SECRET as TEST_SECRET  # the scenario's tokens
-
-    env = server_env(
-        data_dir,
-        MIFAMILIAS_UNLOCK_POLL_SECONDS="0.5",
-        MIFAMILIAS_SLOW_CLIENT_SECONDS="5",
-        MIFAMILIAS_AUTH_SECRET=TEST_SECRET,
-    )
-    with graphql_server(env, log_dir) as server:
-        probe = Probe(f"{server.url}/healthz")
-        try:
-            outcome = asyncio.run(slow_and_normal(server, SLOW_READERS, NORMAL_READERS))
-        finally:
-            latencies, failures = probe.stop()
-    name = f"(e) {SLOW_READERS} slow readers beside {NORMAL_READERS} normal subscribers"
+    with contextlib.ExitStack() as stack:
+        extra: dict[str, str] = {}
+        if engine == "dynamodb":
+            extra = stack.enter_context(dynamodb_with_redis(log_dir))
+        env = server_env(
+            data_dir,
+            MIFAMILIAS_UNLOCK_POLL_SECONDS="0.5",
+            MIFAMILIAS_SLOW_CLIENT_SECONDS="5",
+            MIFAMILIAS_AUTH_SECRET=TEST_SECRET,
+            **extra,
+        )
+        with graphql_server(env, log_dir) as server:
+            probe = Probe(f"{server.url}/healthz")
+            try:
+                outcome = asyncio.run(slow_and_normal(server, SLOW_READERS, NORMAL_READERS))
+            finally:
+                latencies, failures = probe.stop()
+    on = "SQLite" if engine == "sqlite" else "DynamoDB (moto) and Redis"
+    name = f"(e) {SLOW_READERS} slow readers beside {NORMAL_READERS} normal subscribers, {on}"
     closed = sum(1 for code in outcome.codes if code == 4408)
     rows = rows_of(
         {
             name: (
                 latencies,
                 failures,
-                f"{closed} of {SLOW_READERS} slow sockets closed 4408, {outcome.let_go:.0f} counted",
+                f"{closed} of {SLOW_READERS} slow sockets closed 4408, {outcome.let_go:.0f} counted; "
+                f"{outcome.processed - NORMAL_READERS:.0f} events processed for the slow connections",
             )
         },
         {},
@@ -441,6 +476,93 @@ def slow_readers(log_dir: Path) -> list[Row]:
         )
     )
     return rows
+
+
+@contextlib.contextmanager
+def dynamodb_with_redis(log_dir: Path) -> Iterator[dict[str, str]]:
+    """A table on a moto_server of its own, and Redis: a server's environment."""
+    from bench.scaleout import shared_redis
+    from bench.unlock import use_moto_credentials
+    from store.dynamodb import create_table, open_dynamo_table
+    from tests.servers import moto_server_process
+
+    async def made(url: str, name: str) -> None:
+        async with open_dynamo_table(name, url, "us-east-1") as table:
+            await create_table(table.client, name)
+
+    use_moto_credentials()
+    with moto_server_process(log_dir) as (url, _), shared_redis(log_dir) as redis_url:
+        asyncio.run(made(url, "bench-slow-readers"))
+        yield {
+            "MIFAMILIAS_DYNAMODB_ENDPOINT": url,
+            "MIFAMILIAS_AWS_REGION": "us-east-1",
+            "MIFAMILIAS_TABLE_NAME": "bench-slow-readers",
+            "MIFAMILIAS_UNLOCK_SHARDS": "1",
+            "MIFAMILIAS_REDIS_URL": redis_url,
+        }
+
+
+SLOW_DEVICES, SLOW_DEVICE_SECONDS, SLOW_NOTES = 20, 9.0, 30
+PUSH_TARGET_S = 1.0
+
+
+def push_behind_slow_devices(log_dir: Path) -> list[Row]:
+    """(j) One person's 20 devices answer 9 s after each push; 30 notes for
+    them are queued before another person's one (tests/api/test_push.py's
+    scenario, timed): how long the other's push takes, against the same with
+    devices that answer at once, in the same run."""
+
+    late = asyncio.run(_push_latency(log_dir / "push-slow", SLOW_DEVICE_SECONDS))
+    quick = asyncio.run(_push_latency(log_dir / "push-quick", 0.0))
+    return [
+        Row(
+            SECTION,
+            f"another person's push latency (s), (j) behind {SLOW_DEVICES} devices answering in "
+            f"{SLOW_DEVICE_SECONDS:.0f} s",
+            f"{late:.2f}",
+            f"{SLOW_NOTES} notes to the slow devices queued first; the same with devices answering "
+            f"at once: {quick:.2f} s (ratio {late / max(quick, 1e-3):.2f}); embedded store, in process",
+            target=f"≤ {PUSH_TARGET_S:.0f} s",
+            met=verdict(late <= PUSH_TARGET_S),
+        )
+    ]
+
+
+async def _push_latency(data_dir: Path, device_seconds: float) -> float:
+    from store.enums import NotificationType
+    from tests.api.conftest import running_api
+    from tests.api.test_push import pushed, register
+    from tests.api.test_resume import note_for
+    from tests.factories import family_with_members
+    from tests.push_service import running_push_service
+
+    with running_push_service() as service:
+        changes = {"push_allowed_origins": (service.origin,)}
+        async with running_api("sqlite", "local", data_dir, None, **changes) as api:  # type: ignore[arg-type]
+            service.server_key = (await api.ok("{ webPushPublicKey }", as_="ana"))["webPushPublicKey"]
+            family_id = await family_with_members(api, "ana", ["ben", "cy"])
+            slow = [f"ben-{n}" for n in range(SLOW_DEVICES)]
+            for name in slow:
+                await register(api, service, "ben", name)
+            await register(api, service, "cy", "cy-phone")
+            await pushed(api)
+            for name in slow:
+                service.delays[name] = device_seconds
+            pending = NotificationType.MEMBER_PENDING  # pushed by default
+            bens = [(await note_for(api, "ben", family_id, pending)).key for _ in range(SLOW_NOTES)]
+            cys = (await note_for(api, "cy", family_id, pending)).key
+            started = time.monotonic()
+            for key in [*bens, cys]:
+                api.services.pusher.submit(key)
+            deadline = started + 300
+            while not service.to("cy-phone"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the other person's push never came")
+                await asyncio.sleep(0.01)
+            took = time.monotonic() - started
+            for name in slow:
+                service.delays[name] = 0.0  # what is left goes out at once
+            return took
 
 
 def rows_of(results: dict[str, tuple[list[float], int, str]], memory: dict[str, float]) -> list[Row]:

@@ -93,11 +93,8 @@ async def embedded(sizes: Sizes, tmp: Path) -> list[float]:
     return rates
 
 
-@contextlib.asynccontextmanager
-async def moto_table(tmp: Path) -> AsyncIterator[Table]:
-    from store.dynamodb import create_table, open_dynamo_table
-    from tests.servers import running_moto_server
-
+def use_moto_credentials() -> None:
+    """moto's test credentials, for this process and the servers it starts."""
     for name, value in (
         ("AWS_ACCESS_KEY_ID", "testing"),
         ("AWS_SECRET_ACCESS_KEY", "testing"),
@@ -106,6 +103,14 @@ async def moto_table(tmp: Path) -> AsyncIterator[Table]:
         ("AWS_SHARED_CREDENTIALS_FILE", "/dev/null"),
     ):
         os.environ[name] = value
+
+
+@contextlib.asynccontextmanager
+async def moto_table(tmp: Path) -> AsyncIterator[Table]:
+    from store.dynamodb import create_table, open_dynamo_table
+    from tests.servers import running_moto_server
+
+    use_moto_credentials()
     with running_moto_server(tmp) as url:
         name = f"bench-{uuid.uuid4().hex[:8]}"
         async with open_dynamo_table(name, url, "us-east-1") as table:

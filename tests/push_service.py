@@ -83,6 +83,8 @@ class PushService:
     # is set, then is answered as usual: a slow device, for as long as a test says.
     stalls: dict[str, threading.Event] = field(default_factory=dict)
     stalled: list[str] = field(default_factory=list)
+    # Browsers whose every request is answered this many seconds after it came.
+    delays: dict[str, float] = field(default_factory=dict)
     # False for the bench: every request is accepted and timed, unread.
     verify: bool = True
     accepted_at: list[float] = field(default_factory=list)
@@ -108,6 +110,9 @@ class PushService:
                 self.stalled.append(name)
         if stall is not None:
             stall.wait(120)
+        delay = self.delays.get(name)
+        if delay:
+            time.sleep(delay)  # this request's own thread: a device that answers late
         with self.lock:
             gate = self.gates.pop(name, None)
             if gate is not None:

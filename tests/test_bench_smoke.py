@@ -24,6 +24,7 @@ MEASURES: dict[int, tuple[str, ...]] = {
     6: (
         "/healthz p50 / p99 (ms): (a) amplification query, repeatedly",
         "/healthz p50 / p99 (ms): (c) 30 MB bodies",
+        "/healthz p50 / p99 (ms): (i) 20 parallel replays of one person",
         "server RSS growth, (b) peak (MB)",
     ),
     7: (
@@ -41,7 +42,12 @@ MEASURES_STARTING: dict[int, tuple[str, ...]] = {
         for deflate in ("off", "on")
     ),
     4: ("embedded store:", "DynamoDB (moto_server)"),
-    6: ("full collection with",),
+    6: (
+        "full collection with",
+        "/healthz p50 / p99 (ms): (e) 60 slow readers beside 30 normal subscribers, SQLite",
+        "/healthz p50 / p99 (ms): (e) 60 slow readers beside 30 normal subscribers, DynamoDB",
+        "another person's push latency (s), (j) behind 20 devices",
+    ),
     8: tuple(
         f"unlock date → last delivery, {ways}, 6 subscribers; missed 0"
         for ways in ("1 process", "2 processes")
