@@ -9,6 +9,7 @@ import asyncio
 import json
 import signal
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +17,22 @@ import httpx
 import pytest
 import websockets
 
+from resolvers.core import leases
 from resolvers.core.auth import mint_token
 from store import keys
+from store.items import iso
+from store.port import Update
 from tests import media_factory
-from tests.servers import SECRET, RedisProcess, ServerProcess, engine_env, pipeline_env, post_graphql, until
+from tests.servers import (
+    SECRET,
+    RedisProcess,
+    ServerProcess,
+    engine_env,
+    pipeline_env,
+    post_graphql,
+    server_table,
+    until,
+)
 
 ANA = mint_token(SECRET, "ana", given_name="Ana")
 
@@ -221,10 +234,12 @@ async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
 async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
     engine: dict[str, str], tmp_path: Path
 ) -> None:
-    # A successor that sweeps once, as it starts, and then not for an hour: the
-    # dead worker's lease outlasts that start even on a busy machine, so only the
-    # author's retry can move the content.
-    content_id = await _killed_mid_transcode(engine, tmp_path, lease_seconds=60)
+    # A dead worker's lease that outlasts the test, and a successor that sweeps
+    # once, as it starts, and then not for an hour: only the author's retry can
+    # move the content, and only once the lease has run out. The lease's running
+    # out is written into the table (its expiry set in the past), which is all
+    # that the passing of its time changes.
+    content_id = await _killed_mid_transcode(engine, tmp_path, lease_seconds=3600)
     second = ServerProcess(
         tmp_path / "data", pipeline_env(engine, MIFAMILIAS_PIPELINE_RECOVERY_SECONDS="3600"), name="second"
     ).start()
@@ -232,14 +247,16 @@ async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
         retry = "mutation($id: ID!) { retryContent(contentId: $id) { status } }"
         refused = await _gql(second, retry, {"id": content_id})
         # While the dead worker's lease runs, the content counts as being processed.
-        if refused.get("errors"):
-            assert refused["errors"][0]["extensions"]["code"] == "CONFLICT"
-
-            async def retried() -> bool:
-                body = await _gql(second, retry, {"id": content_id})
-                return "errors" not in body
-
-            await until(retried, "the lease to run out")
+        assert refused["errors"][0]["extensions"]["code"] == "CONFLICT", refused
+        async with server_table(second) as table:
+            await table.update(
+                Update(
+                    keys.content(content_id),
+                    set={leases.UNTIL: iso(datetime.now(UTC) - timedelta(seconds=1))},
+                )
+            )
+        retried = await _gql(second, retry, {"id": content_id})
+        assert "errors" not in retried, retried
         await until(lambda: _is(second, content_id, "READY"), "the retried content to be READY", seconds=180)
     finally:
         second.stop()
