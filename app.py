@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
@@ -49,6 +48,7 @@ from schema import schema_for
 from schema.backpressure import ConnectionHandles
 from schema.graphiql import STATIC_DIR
 from schema.observability import RequestObservability
+from schema.origins import cors_middleware, websocket_origins
 from schema.transport import MiFamiliasGraphQL, SocketsToTheView
 from store import keys
 from store.port import TTL_ATTRIBUTE, NotExists, Table, any_of, eq
@@ -255,6 +255,9 @@ def create_app(
         # GraphiQL needs introspection: off with it (trusted documents, unless allowed).
         graphql_ide="graphiql" if settings.introspection_allowed else None,
         schema=schema_for(metrics=settings.metrics, tracing=tracer is not None),
+        # Strawberry checks a WebSocket's Origin (browsers apply no CORS to them):
+        # the same origins as HTTP (schema/origins.py).
+        allowed_origins=websocket_origins(settings.allowed_origins),
     )
     routes: list[BaseRoute] = [
         Route("/healthz", healthz),
@@ -272,16 +275,7 @@ def create_app(
         local_blobs = local_blob_store(settings)
         routes += media_routes(local_blobs)
     # Outermost of ours: every request's log lines and spans, CORS refusals included.
-    middleware = [Middleware(RequestObservability, tracer=tracer)]
-    if settings.allowed_origins:
-        middleware.append(
-            Middleware(
-                CORSMiddleware,
-                allow_origins=list(settings.allowed_origins),
-                allow_methods=["GET", "POST", "PUT"],
-                allow_headers=["authorization", "content-type", "idempotency-key"],
-            )
-        )
+    middleware = [Middleware(RequestObservability, tracer=tracer), cors_middleware(settings.allowed_origins)]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.graphql_view = graphql
     app.state.going_away = going_away
