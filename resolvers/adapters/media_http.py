@@ -11,16 +11,16 @@ PUT, step by step, each refusal leaving nothing on disk:
 3. `claim` consumes the URL's nonce atomically (an O_EXCL marker file), before
    any byte is read: of two requests racing with one URL exactly one goes on,
    the other gets 403. A URL carries at most one stored body, ever, so a
-   leaked URL cannot be replayed. A body over the announced size (413) spends
-   it; a body that did not land through no fault of its own gives the URL
+   leaked URL cannot be replayed. A body that did not land gives the URL
    back (`release`), so the client sends it again with the same URL: a
-   dropped connection (400), a full disk (507, with Retry-After) or another
-   disk error (503).
-4. A `Content-Length` over the announced size -> 413 without reading the body;
-   otherwise the body is streamed to a temp file and refused with 413 as soon
-   as it goes over the size. Only a body within the size is renamed into place
-   (200). A shorter body is accepted: completing the upload checks the exact
-   size with `head`.
+   dropped connection (400), a full disk (507, with Retry-After), another
+   disk error (503), or a body of the wrong size (below).
+4. The body must be exactly the announced size (a part: at most its size).
+   A `Content-Length` over it -> 413, under it -> 400, both before the URL is
+   claimed; otherwise the body is streamed to a temp file and refused with
+   413 as soon as it goes over the size, or 400 when it ends short. Each
+   answer names both sizes. Only a body of the right size is renamed into
+   place (200).
 
 A part of a multipart upload goes through the same steps with a part URL
 (`upload` and `part` in its query): no Content-Type is checked (S3 binds none
@@ -43,7 +43,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from store.blobs import BlobAccessDenied, BlobNotFound, BlobTooLarge, LocalBlobStore
+from store.blobs import BlobAccessDenied, BlobNotFound, BlobTooLarge, BlobTooSmall, LocalBlobStore
 
 log = logging.getLogger("mifamilias.media")
 
@@ -54,8 +54,25 @@ _SAFE_HEADERS = {
 }
 
 
+# What to do next, for the refusals a client can mend by itself.
+NEXT_STEP = {
+    "url already used": "a body is already stored with this url; resumeUpload gives a fresh one",
+    "url expired": "resumeUpload gives a fresh url",
+}
+
+
 def _denied(exc: BlobAccessDenied) -> Response:
-    return PlainTextResponse(exc.reason, status_code=403)
+    hint = NEXT_STEP.get(exc.reason)
+    return PlainTextResponse(f"{exc.reason}: {hint}" if hint else exc.reason, status_code=403)
+
+
+def _wrong_size(received: int | None, announced: int, is_part: bool) -> Response:
+    """413 for a body over the announced size, 400 for one under it; the URL stays usable."""
+    what = f"the part may have at most {announced}" if is_part else f"{announced} were announced"
+    if received is None:
+        return PlainTextResponse(f"the body is larger than announced: {what}; send it again to this url", 413)
+    status = 413 if received > announced else 400
+    return PlainTextResponse(f"the body has {received} bytes, but {what}; send it again to this url", status)
 
 
 def _disk_error(error: OSError) -> Response:
@@ -90,21 +107,29 @@ def media_routes(blobs: LocalBlobStore) -> list[Route]:
         declared = request.headers.get("content-length")
         if declared is not None and not declared.isdigit():
             return PlainTextResponse("bad content-length", status_code=400)
+        # A body whose announced length is wrong is refused before the URL is
+        # spent: the client sends the right one to the same URL.
+        if declared is not None and (
+            int(declared) > verified.size or (not is_part and int(declared) < verified.size)
+        ):
+            return _wrong_size(int(declared), verified.size, is_part)
         try:
             blobs.claim(verified)
         except BlobAccessDenied as exc:
             return _denied(exc)
         except OSError as error:
             return _disk_error(error)
-        if declared is not None and int(declared) > verified.size:
-            return PlainTextResponse("body larger than announced", status_code=413)
         try:
             if is_part:
                 await blobs.receive_part(verified, request.stream())
             else:
-                await blobs.receive(key, request.stream(), verified.size)
+                await blobs.receive(key, request.stream(), verified.size, min_bytes=verified.size)
         except BlobTooLarge:
-            return PlainTextResponse("body larger than announced", status_code=413)
+            blobs.release(verified)
+            return _wrong_size(None, verified.size, is_part)
+        except BlobTooSmall as short:
+            blobs.release(verified)
+            return _wrong_size(short.received, verified.size, is_part)
         except BlobNotFound:
             return PlainTextResponse("the upload is no longer open", status_code=404)
         except ClientDisconnect:

@@ -30,6 +30,7 @@ from store.blobs.port import (
     BlobAccessDenied,
     BlobNotFound,
     BlobTooLarge,
+    BlobTooSmall,
     InvalidBlobKey,
     Part,
     PartsChanged,
@@ -248,17 +249,20 @@ class LocalBlobStore:
         os.replace(tmp, path)
         self._archive_marker(key).unlink(missing_ok=True)  # a new object is STANDARD
 
-    async def receive(self, key: str, stream: AsyncIterator[bytes], max_bytes: int) -> int:
+    async def receive(
+        self, key: str, stream: AsyncIterator[bytes], max_bytes: int, min_bytes: int = 0
+    ) -> int:
         """Store a body from `stream` under `key`; returns its length.
 
         Bytes go to a temp file renamed into place at the end; over `max_bytes`
-        raises `BlobTooLarge`. On any failure nothing is left on disk.
+        raises `BlobTooLarge`, and ending under `min_bytes` raises `BlobTooSmall`.
+        On any failure nothing is left on disk.
         """
         self.path_for(key)
-        return await self._stream_to(stream, max_bytes, lambda tmp: self._commit(tmp, key))
+        return await self._stream_to(stream, max_bytes, lambda tmp: self._commit(tmp, key), min_bytes)
 
     async def _stream_to(
-        self, stream: AsyncIterator[bytes], max_bytes: int, commit: Callable[[Path], None]
+        self, stream: AsyncIterator[bytes], max_bytes: int, commit: Callable[[Path], None], min_bytes: int = 0
     ) -> int:
         """Write `stream` to a temp file chunk by chunk, then `commit` it (in a thread)."""
         fd, name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
@@ -272,6 +276,8 @@ class LocalBlobStore:
                         raise BlobTooLarge(max_bytes)
                     if chunk:
                         await asyncio.to_thread(out.write, chunk)
+                if total < min_bytes:
+                    raise BlobTooSmall(total, min_bytes)
                 await asyncio.to_thread(_flush_and_sync, out)
             await asyncio.to_thread(commit, tmp)
         except BaseException:

@@ -100,6 +100,15 @@ class BlobTooLarge(BlobError):
         self.max_bytes = max_bytes
 
 
+class BlobTooSmall(BlobError):
+    """An upload body ended before the size announced in its URL."""
+
+    def __init__(self, received: int, announced: int) -> None:
+        super().__init__(f"the body has {received} bytes, but {announced} were announced")
+        self.received = received
+        self.announced = announced
+
+
 class PartsChanged(BlobError):
     """The parts of a multipart upload changed between listing and completing it."""
 
