@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from resolvers.adapters import webpush
+from resolvers.core.config import Settings
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, not_found
 from resolvers.core.validation import clean_optional
@@ -77,6 +78,18 @@ class DeviceInput:
     name: str | None = None
 
 
+def _local_push_hint(settings: Settings) -> str:
+    """How to reach a push service on this machine, for a server that signs its
+    own tokens (no JWKS: a development one): a real push service is out of reach
+    offline, and a local one is refused until its origin is allowed."""
+    if settings.jwks_url is not None:
+        return ""
+    return (
+        "; while developing, a push service on this machine or network is reached by adding "
+        "its origin (as http://localhost:8090) to MIFAMILIAS_PUSH_ALLOWED_ORIGINS"
+    )
+
+
 async def checked(ctx: Context, given: DeviceInput) -> DeviceInput:
     """The input as it will be stored, or BAD_USER_INPUT naming the field."""
     name = clean_optional(given.name, "name", MAX_NAME)
@@ -96,7 +109,7 @@ async def checked(ctx: Context, given: DeviceInput) -> DeviceInput:
         try:
             await webpush.resolve(given.endpoint, settings.push_allowed_origins)
         except webpush.Refused as error:
-            raise _refused("endpoint", str(error)) from None
+            raise _refused("endpoint", f"{error}{_local_push_hint(settings)}") from None
         return replace(given, name=name, p256dh=given.p256dh.strip(), auth=given.auth.strip())
     arn = settings.sns_apns_arn if given.platform == PushPlatform.APNS else settings.sns_fcm_arn
     if arn is None or ctx.services.native_push is None:

@@ -158,6 +158,16 @@ async def test_refusals_name_the_field_and_change_nothing(
     assert await api.snapshot() == before
 
 
+async def test_an_endpoint_out_of_reach_says_how_to_push_locally_while_developing(
+    api: Api, service: PushService
+) -> None:
+    # The server signs its own tokens (no JWKS): a development one.
+    for endpoint in ("https://no-such-host.invalid/x", "http://localhost:8090/push/b"):
+        given = {**service.browser("b").input(), "endpoint": endpoint}
+        error = (await api.post(REGISTER, {"i": given}, as_="ana"))["errors"][0]
+        assert "MIFAMILIAS_PUSH_ALLOWED_ORIGINS" in error["message"], error
+
+
 @pytest.mark.parametrize(
     "host",
     ["93.184.216.34", "[2606:2800:220:1:248:1893:25c8:1946]", "[64:ff9b::5db8:d822]", "[2002:5db8:d822::1]"],
