@@ -71,3 +71,16 @@ def test_only_the_writer_builds_notifications() -> None:
     assert offenders == {}
     # The check itself finds the writer's own builders.
     assert builds_notifications(WRITER)
+
+
+def test_the_architecture_page_names_every_module() -> None:
+    """docs/architecture.md is the map: a module it does not name is one a
+    reader cannot find from it."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    unnamed = [
+        str(path.relative_to(ROOT))
+        for package in ("store", "resolvers", "schema")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path.name != "__init__.py" and f"{path.stem}.py" not in page and f"`{path.stem}`" not in page
+    ]
+    assert unnamed == []
