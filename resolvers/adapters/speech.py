@@ -91,7 +91,16 @@ def assemble_default_model(cache_dir: Path) -> Path:
     not have :data:`DEFAULT_MODEL_SHA256`."""
     target = cache_dir / f"{DEFAULT_MODEL_NAME}-{DEFAULT_MODEL_SHA256[:16]}"
     if (target / "model.bin").is_file():
-        return target  # only a checked directory is ever renamed into place
+        # Only a checked directory is ever renamed into place, but the disk may
+        # change it afterwards (a bad block, a hand edit, a copy cut short): it is
+        # checked again as each worker loads it (a quarter second), and a damaged
+        # one is set aside and joined again rather than failing every transcription.
+        if _sha256(target / "model.bin") == DEFAULT_MODEL_SHA256:
+            return target
+        damaged = cache_dir / f".damaged-{os.getpid()}-{time.monotonic_ns()}"
+        with contextlib.suppress(OSError):  # another worker may have set it aside first
+            target.rename(damaged)
+        shutil.rmtree(damaged, ignore_errors=True)
     first, second = (_package_data(package) for package in _PART_PACKAGES)
     if first is None or second is None:
         raise ModelMissing(
@@ -129,6 +138,14 @@ def assemble_default_model(cache_dir: Path) -> Path:
     finally:
         shutil.rmtree(building, ignore_errors=True)
     return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------

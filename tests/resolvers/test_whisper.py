@@ -158,6 +158,18 @@ def test_the_default_model_is_assembled_once_and_checked(tmp_path: Path) -> None
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no half-built directory left
 
 
+def test_a_damaged_cached_model_is_joined_again(tmp_path: Path) -> None:
+    first = speech_worker.assemble_default_model(tmp_path)
+    with (first / "model.bin").open("r+b") as model:
+        model.seek(1_000_000)
+        model.write(b"\xa5" * 64)  # as a bad block or an interrupted copy would leave it
+    assert speech_worker._sha256(first / "model.bin") != speech_worker.DEFAULT_MODEL_SHA256
+    again = speech_worker.assemble_default_model(tmp_path)
+    assert again == first
+    assert speech_worker._sha256(again / "model.bin") == speech_worker.DEFAULT_MODEL_SHA256
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # the damaged copy is gone
+
+
 def test_parts_that_do_not_check_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(speech_worker, "DEFAULT_MODEL_SHA256", "0" * 64)
     with pytest.raises(speech_worker.ModelMissing, match="do not check"):
