@@ -6,6 +6,7 @@ sockets with 1001, lets a request finish and hands pipeline leases back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 from collections.abc import AsyncIterator
@@ -157,6 +158,68 @@ async def test_a_websocket_frame_over_the_body_limit_closes_the_socket(live_serv
     async with httpx.AsyncClient() as client:
         assert (await client.get(f"{live_server.url}/healthz")).status_code == 200
     no_traceback(live_server)
+
+
+# A crash mid-upload ------------------------------------------------------------------------
+
+
+async def test_a_body_cut_off_by_a_killed_server_is_swept_as_the_next_one_starts(tmp_path: Path) -> None:
+    """The temp file of a PUT under way when its server was SIGKILLed goes when
+    a server starts again on the same data, not days later by its age. (Local
+    media are files whatever the table's engine.)"""
+    env = {"MIFAMILIAS_AUTH_SECRET": SECRET}
+    first = ServerProcess(tmp_path / "data", env, name="first").start()
+    parts = tmp_path / "data" / "media" / ".tmp"
+    held = asyncio.Event()
+    try:
+        made = await _gql(first, 'mutation { createFamily(input: {name: "Los Ruiz"}) { id } }')
+        created = await _gql(
+            first,
+            "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl } }",
+            {
+                "i": {
+                    "familyId": made["data"]["createFamily"]["id"],
+                    "type": "AUDIO",
+                    "mimeType": "audio/mpeg",
+                    "sizeBytes": 4 << 20,
+                }
+            },
+        )
+
+        async def body() -> AsyncIterator[bytes]:
+            yield b"\0" * (1 << 20)
+            await held.wait()  # the rest never comes: the server dies first
+
+        async def put() -> None:
+            async with httpx.AsyncClient(timeout=60) as client:
+                with contextlib.suppress(httpx.HTTPError):
+                    await client.put(
+                        created["data"]["createUpload"]["uploadUrl"],
+                        content=body(),
+                        headers={"Content-Type": "audio/mpeg"},
+                    )
+
+        sending = asyncio.create_task(put())
+
+        async def writing() -> bool:
+            return any(parts.glob("*.part"))
+
+        await until(writing, "the body to be written to a temp file")
+        first.kill()
+        held.set()
+        await sending
+    finally:
+        first.stop()
+    assert any(parts.glob("*.part"))  # left by the killed server
+    second = ServerProcess(tmp_path / "data", env, name="second").start()
+    try:
+
+        async def swept() -> bool:
+            return not any(parts.glob("*.part"))
+
+        await until(swept, "the next server to sweep the cut-off body")
+    finally:
+        second.stop()
 
 
 # A crash mid-transcode --------------------------------------------------------------------

@@ -12,6 +12,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -65,6 +66,30 @@ class VerifiedUrl:
 def _flush_and_sync(out: BinaryIO) -> None:
     out.flush()
     os.fsync(out.fileno())
+
+
+_HOST = socket.gethostname().replace(".", "_")
+
+
+def _writer() -> str:
+    """The start of a temp file's name: which host and process write it."""
+    return f"{_HOST}.{os.getpid()}."
+
+
+def _orphaned(name: str) -> bool:
+    """Whether a temp file's writer was a process of this host that is gone.
+    (A name without a writer, or another host's, is left to the age sweep.)"""
+    host, _, rest = name.partition(".")
+    pid, _, _ = rest.partition(".")
+    if host != _HOST or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    return False
 
 
 class LocalBlobStore:
@@ -265,7 +290,7 @@ class LocalBlobStore:
         self, stream: AsyncIterator[bytes], max_bytes: int, commit: Callable[[Path], None], min_bytes: int = 0
     ) -> int:
         """Write `stream` to a temp file chunk by chunk, then `commit` it (in a thread)."""
-        fd, name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
+        fd, name = tempfile.mkstemp(dir=self._tmp, prefix=_writer(), suffix=".part")
         tmp = Path(name)
         total = 0
         try:
@@ -304,7 +329,7 @@ class LocalBlobStore:
     def _start_multipart(self, key: str) -> str:
         upload_id = secrets.token_hex(16)
         # Made aside and renamed into place, so an open upload always has its upload.json.
-        folder = Path(tempfile.mkdtemp(dir=self._tmp, prefix=".upload-"))
+        folder = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"{_writer()}upload-"))
         try:
             (folder / "upload.json").write_text(json.dumps({"key": key, "started": self._clock()}))
             os.rename(folder, self._multipart / upload_id)
@@ -366,13 +391,13 @@ class LocalBlobStore:
         folder = self._upload_dir(key, upload_id)
         # Take the folder away first: a part arriving late, or a second
         # completion, then finds the upload closed instead of changing it.
-        taken = Path(tempfile.mkdtemp(dir=self._tmp, prefix=".assembling-")) / upload_id
+        taken = Path(tempfile.mkdtemp(dir=self._tmp, prefix=f"{_writer()}assembling-")) / upload_id
         try:
             os.rename(folder, taken)
         except FileNotFoundError:
             taken.parent.rmdir()
             raise BlobNotFound(key) from None
-        fd, name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
+        fd, name = tempfile.mkstemp(dir=self._tmp, prefix=_writer(), suffix=".part")
         tmp = Path(name)
         try:
             with os.fdopen(fd, "wb") as out:
@@ -410,7 +435,9 @@ class LocalBlobStore:
     def sweep_abandoned(self, max_age_seconds: float = ABANDONED_UPLOAD_SECONDS) -> int:
         """Drop multipart uploads started more than `max_age_seconds` ago, and
         temp files (an upload cut off by a crash) untouched that long, as S3's
-        lifecycle rule does for its uploads; returns how many went."""
+        lifecycle rule does for its uploads; returns how many went. A temp file
+        whose writer, a process of this host, is gone goes at once: the sweep
+        runs as a server starts, so what a killed one left goes with its restart."""
         cutoff = self._clock() - max_age_seconds
         removed = 0
         for folder in list(self._multipart.iterdir()):
@@ -426,7 +453,7 @@ class LocalBlobStore:
                 removed += 1
         for leftover in list(self._tmp.iterdir()):
             try:
-                if leftover.stat().st_mtime >= cutoff:
+                if leftover.stat().st_mtime >= cutoff and not _orphaned(leftover.name):
                     continue
             except FileNotFoundError:
                 continue
@@ -447,7 +474,7 @@ class LocalBlobStore:
 
     def _put_file(self, key: str, source: Path) -> None:
         self.path_for(key)
-        fd, name = tempfile.mkstemp(dir=self._tmp, suffix=".part")
+        fd, name = tempfile.mkstemp(dir=self._tmp, prefix=_writer(), suffix=".part")
         os.close(fd)
         tmp = Path(name)
         try:

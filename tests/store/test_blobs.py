@@ -565,6 +565,28 @@ async def test_s3_bucket_made_here_drops_abandoned_uploads(moto_server: str) -> 
         assert [r["ID"] for r in rules] == ["theirs"]
 
 
+def test_a_temp_file_whose_writer_is_gone_is_swept_at_once(local: LocalBlobStore, clock: Clock) -> None:
+    import socket
+    import subprocess
+
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    host = socket.gethostname().replace(".", "_")
+    tmp = local.root / ".tmp"
+    names = {
+        "dead": f"{host}.{ended.pid}.abc.part",  # a process of this host that was killed
+        "alive": f"{host}.{os.getpid()}.abc.part",  # this one, still writing
+        "elsewhere": f"other_host.{ended.pid}.abc.part",  # another host's: only age tells
+    }
+    for name in names.values():
+        (tmp / name).write_bytes(b"x")
+    (tmp / f"{host}.{ended.pid}.upload-abc").mkdir()
+    for path in tmp.iterdir():
+        os.utime(path, (clock.now, clock.now))  # all written just now
+    assert local.sweep_abandoned() == 2
+    assert sorted(p.name for p in tmp.iterdir()) == sorted([names["alive"], names["elsewhere"]])
+
+
 async def test_local_part_urls(local: LocalBlobStore, client: httpx.AsyncClient) -> None:
     upload_id = await local.start_multipart(KEY, content_type=MP4)
     url = await local.part_url(KEY, upload_id, 1, size_bytes=10, expires_in=300)
