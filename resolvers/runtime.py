@@ -368,9 +368,18 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
                 every(settings.push_recovery_seconds, "push recovery", services.pusher.recover, tracer)
             )
         )
-    if services.mailer is not None:
+    mailer = services.mailer
+    if mailer is not None:
         tasks.append(
-            asyncio.create_task(every(settings.mail_poll_seconds, "mailer", services.mailer.run_once, tracer))
+            asyncio.create_task(
+                every(
+                    settings.mail_poll_seconds,
+                    "mailer",
+                    mailer.run_once,
+                    tracer,
+                    wait=lambda: mailer.next_pass_in(settings.mail_poll_seconds),
+                )
+            )
         )
     blobs = services.blobs
     if isinstance(blobs, LocalBlobStore):

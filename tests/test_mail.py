@@ -43,6 +43,20 @@ class Inbox:
         self.received: list[tuple[list[str], EmailMessage]] = []
         # A slow server holds each sender a while, so that two processes' passes overlap.
         self.delay = 0.0
+        self.controller: Controller | None = None
+        self.port = 0
+
+    def start(self, port: int | None = None) -> None:
+        """Serves on `port` (again on the last one: SMTP back up)."""
+        self.port = port or self.port
+        self.controller = Controller(self, hostname="127.0.0.1", port=self.port)
+        self.controller.start()
+
+    def stop(self) -> None:
+        """SMTP down: connections are refused until `start`."""
+        if self.controller is not None:
+            self.controller.stop()
+            self.controller = None
 
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
         await asyncio.sleep(self.delay)
@@ -65,12 +79,11 @@ class Inbox:
 def smtp() -> Iterator[tuple[Inbox, str]]:
     inbox = Inbox()
     port = free_port()
-    controller = Controller(inbox, hostname="127.0.0.1", port=port)
-    controller.start()
+    inbox.start(port)
     try:
         yield inbox, f"smtp://127.0.0.1:{port}"
     finally:
-        controller.stop()
+        inbox.stop()
 
 
 def text_of(message: EmailMessage) -> str:
@@ -336,6 +349,29 @@ async def test_an_invitation_carries_the_inviters_words_in_its_body_quoted_not_i
     # Quoted, and cut to a bound: the name shows as a name, not as the mail's message.
     assert "“URGENT verify your bank account" in text and "…”" in text
     assert max(len(line) for line in text.splitlines()) < 300
+
+
+async def test_an_email_that_failed_while_smtp_was_down_goes_within_seconds_of_its_return(
+    mail_api: tuple[Api, Inbox],
+) -> None:
+    api, inbox = mail_api
+    family_id = await family_with_members(api, "ana", [])
+    inbox.stop()
+    await api.ok(INVITE, {"i": {"familyId": family_id, "email": "tia@example.org"}}, as_="ana")
+    waits = []
+    for _ in range(3):  # three passes while it is down: each backs off twice as long
+        assert (await mailer(api).run_once()).failed == 1
+        waits.append(mailer(api).next_pass_in(3600))
+        (item,) = (await api.table.query(keys.INVITE_MAIL_OUTBOX_PK, index="GSI2")).items
+        assert item.get(leases.UNTIL) is None  # handed back, not held until its lease runs out
+        assert (await mailer(api).run_once()).failed == 0  # not due yet
+        api.clock.advance(seconds=waits[-1])
+    assert [round(wait) for wait in waits] == [1, 2, 4]
+    inbox.start()
+    assert (await mailer(api).run_once()).sent == 1
+    assert len(inbox.to("tia@example.org")) == 1
+    assert (await api.table.query(keys.INVITE_MAIL_OUTBOX_PK, index="GSI2")).items == []
+    assert mailer(api).next_pass_in(3600) == 3600  # nothing waits: back to the poll
 
 
 async def test_invites_that_mail_someone_are_limited_per_person_a_day(mail_api: tuple[Api, Inbox]) -> None:

@@ -69,6 +69,11 @@ MAX_ATTEMPTS = 5
 # this long, its claim not counted, instead of being skipped for good.
 OPENING_WAIT = timedelta(seconds=5)
 RETRY_AT = "mailRetryAt"
+# Sends that failed for now (SMTP down, a 4xx): each waits twice the last, from
+# a second up to a minute, and after this many (about an hour) the email fails.
+SEND_RETRIES = "mailSendRetries"
+MAX_SEND_RETRIES = 64
+MAX_RETRY_WAIT = timedelta(seconds=60)
 # A digest reaches back at most this far, whatever was missed before.
 MAX_LOOKBACK = timedelta(days=31)
 # Digest markers are kept this long after their period (then the table's TTL).
@@ -358,6 +363,34 @@ async def hand_back_until(table: Table, key: Key, owner: str, until: datetime) -
     except ConditionFailed:
         return False
     return True
+
+
+async def retry_later(table: Table, key: Key, owner: str, item: Item, now: datetime) -> datetime | None:
+    """Hands back an email whose send failed for now (SMTP down or busy), due
+    again after a backoff that doubles from a second to a minute: the next pass
+    tries it within seconds of SMTP coming back, not once a lease has run out.
+    Such a failure is not an attempt that counts towards giving up (those are
+    for work that kills its process); `MAX_SEND_RETRIES` bounds these instead.
+    When it is due again; None when the lease was lost."""
+    retries = int(item.get(SEND_RETRIES) or 0)
+    until = now + min(timedelta(seconds=2**retries), MAX_RETRY_WAIT)
+    try:
+        await table.update(
+            Update(
+                key,
+                set={RETRY_AT: iso(until), **leases.CLEARED},
+                add={leases.ATTEMPTS: -1, SEND_RETRIES: 1},
+                condition=leases.held_by(owner),
+            )
+        )
+    except ConditionFailed:
+        return None
+    return until
+
+
+def out_of_retries(item: Item) -> bool:
+    """Whether a failing email has been tried for long enough (about an hour)."""
+    return int(item.get(SEND_RETRIES) or 0) >= MAX_SEND_RETRIES
 
 
 def not_waiting(item: Item, now: datetime) -> bool:

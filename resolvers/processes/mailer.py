@@ -56,6 +56,7 @@ INVITATIONS = LeaseSpec(
     recover_from=keys.INVITE_MAIL_OUTBOX_PK,
     claimable=mail.UNSENT,
     count_attempts=True,
+    due=mail.not_waiting,
     group=lambda item: FamilyInvite.from_item(item).created_by,
 )
 
@@ -99,6 +100,7 @@ class Mailer:
             INVITATIONS, table=table, clock=clock, lease=LEASE, handle=self.invitation, owner=self.owner
         )
         self._done = MailPass()
+        self._next_retry: datetime | None = None
         self.sender: Sender = sender or SmtpSender(target, parseaddr(settings.mail_from)[1])
         self.head = mail.Letterhead(
             sender=settings.mail_from,
@@ -108,6 +110,7 @@ class Mailer:
 
     async def run_once(self) -> MailPass:
         done = MailPass()
+        self._next_retry = None
         await self.outbox(done)
         await self.invitations(done)
         for kind in DIGESTS:
@@ -146,8 +149,7 @@ class Mailer:
             done.skipped += 1
             return
         state = await self._send(found.message, f"capsule {note.capsule_id} to {note.user_id}", done)
-        if state is not None:
-            await mail.settle_outbox(self.table, key, self.owner, state, self.clock())
+        await self._settle(claim, state, done)
 
     # Invitations ------------------------------------------------------------------------
 
@@ -177,8 +179,28 @@ class Mailer:
             done.skipped += 1
             return
         state = await self._send(found.message, f"invitation of invite {invite.id}", done)
+        await self._settle(claim, state, done)
+
+    async def _settle(self, claim: Claim, state: str | None, done: MailPass) -> None:
+        """Marks a sent or failed email; one that failed for now is handed back
+        for a retry within seconds, and the next pass is brought forward to it."""
+        now = self.clock()
+        if state is None and mail.out_of_retries(claim.item):
+            log.error("mail: gave up on %s after %d sends that failed", claim.key[0], mail.MAX_SEND_RETRIES)
+            state = MailState.FAILED
         if state is not None:
-            await mail.settle_outbox(self.table, key, self.owner, state, self.clock())
+            await mail.settle_outbox(self.table, claim.key, self.owner, state, now)
+            return
+        until = await mail.retry_later(self.table, claim.key, self.owner, claim.item, now)
+        if until is not None and (self._next_retry is None or until < self._next_retry):
+            self._next_retry = until
+
+    def next_pass_in(self, poll_seconds: float) -> float:
+        """Seconds until the next pass: the poll, or sooner when an email that
+        failed for now is due again (never under half a second)."""
+        if self._next_retry is None:
+            return poll_seconds
+        return max(0.5, min(poll_seconds, (self._next_retry - self.clock()).total_seconds()))
 
     async def _send(self, message: EmailMessage, what: str, done: MailPass) -> str | None:
         """SENT or FAILED (for good); None when a later pass should try again."""
@@ -189,7 +211,7 @@ class Mailer:
             done.failed += 1
             return MailState.FAILED
         except Exception as error:
-            log.warning("mail: %s not sent (%s); retried once its lease runs out", what, error)
+            log.warning("mail: %s not sent (%s); retried in seconds", what, error)
             done.failed += 1
             return None
         done.sent += 1
