@@ -30,16 +30,28 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from resolvers.core import leases
 from resolvers.core.context import Context
 from resolvers.core.errors import not_found
-from resolvers.domain import access, footprint, notifications
+from resolvers.domain import access, footprint, notifications, push
 from resolvers.domain.access import OPEN
 from store import keys
 from store.blobs import BlobNotFound, BlobStore
 from store.enums import ContentStatus, ExportStatus
-from store.items import Capsule, Comment, Content, DataExport, Family, Membership, User, iso, parse_iso
+from store.items import (
+    Capsule,
+    Comment,
+    Content,
+    DataExport,
+    Family,
+    Membership,
+    PushDevice,
+    User,
+    iso,
+    parse_iso,
+)
 from store.port import (
     Condition,
     ConditionFailed,
@@ -330,6 +342,7 @@ async def collect(table: Table, user_id: str, now_iso: str) -> tuple[dict[str, A
             for tag in await footprint.tags_by(table, user_id)
         ],
         "capsulesCreated": [_created(capsule) for capsule in created],
+        "pushDevices": [_device(device) for device in await push.devices_of(table, user_id)],
         "capsulesReceived": opened,
         "notifications": [
             {
@@ -345,6 +358,22 @@ async def collect(table: Table, user_id: str, now_iso: str) -> tuple[dict[str, A
         ],
     }
     return document, contents
+
+
+def _device(device: PushDevice) -> dict[str, Any]:
+    """A device the person receives pushes on: what it is and which push
+    service, not its endpoint, keys or token, with which anyone holding the
+    file could push to it."""
+    service = urlsplit(device.endpoint).hostname if device.endpoint else None
+    return {
+        "id": device.id,
+        "platform": device.platform,
+        "name": device.name,
+        "pushService": service,
+        "createdAt": device.created_at,
+        "updatedAt": device.updated_at,
+        "lastPushedAt": device.last_pushed_at,
+    }
 
 
 def _profile(user: User) -> dict[str, Any]:

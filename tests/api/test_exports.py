@@ -11,6 +11,7 @@ import zipfile
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -22,6 +23,8 @@ from store.port import SortKey
 from tests import media_factory
 from tests.api.conftest import Api
 from tests.factories import join, make_family, settle, upload
+from tests.push_service import PushService
+from tests.typical_calls import PUSH_ORIGIN
 
 REQUEST = "mutation { requestDataExport { id status downloadUrl expiresAt } }"
 READ = "query($id: ID!) { dataExport(id: $id) { id status downloadUrl expiresAt } }"
@@ -84,6 +87,14 @@ async def test_an_export_holds_what_the_person_made(media_api: Api, tmp_path: Pa
     api.clock.advance(hours=2)
     assert (await api.services.scheduler.run_once()).unlocked == 1
 
+    phone = PushService(origin=PUSH_ORIGIN).browser("phone")
+    registered = {"i": phone.input("Ana's phone")}
+    await api.ok(
+        "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id } }",
+        registered,
+        as_="ana",
+    )
+
     asked = (await api.ok(REQUEST, as_="ana"))["requestDataExport"]
     assert asked["status"] == "PENDING" and asked["downloadUrl"] is None and asked["expiresAt"] is None
     start = api.clock.moment
@@ -120,6 +131,11 @@ async def test_an_export_holds_what_the_person_made(media_api: Api, tmp_path: Pa
     assert [c["id"] for c in document["capsulesReceived"]] == [opened]  # not `closed`: still sealed
     assert closed not in json.dumps(document)
     assert {"NEW_CONTENT", "CAPSULE_UNLOCKED"} <= {n["type"] for n in document["notifications"]}
+    # The devices pushed to, by name and push service: not the endpoint or keys.
+    (device,) = document["pushDevices"]
+    assert (device["platform"], device["name"]) == ("WEB", "Ana's phone")
+    assert device["pushService"] == urlsplit(PUSH_ORIGIN).hostname
+    assert phone.endpoint not in json.dumps(document) and phone.p256dh not in json.dumps(document)
 
     # The owner's alone: anyone else is told it does not exist.
     code, _ = await api.error(READ, {"id": asked["id"]}, as_="ben")
