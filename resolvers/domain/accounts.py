@@ -65,6 +65,7 @@ from store.items import (
     Family,
     Invite,
     Membership,
+    PushDevice,
     Recipient,
     Vouch,
     iso,
@@ -597,6 +598,14 @@ async def _own_partition(ctx: Context, marker: AccountDeletion) -> None:
     ]
     if files:
         await ctx.services.blobs.delete([f for f in files if f])
+    # The SNS endpoint of each app device goes before the device's item: a run
+    # cut off in between deletes it again (SNS takes that as done), while the
+    # other order would leave an endpoint no item leads back to.
+    native = ctx.services.native_push
+    devices = [PushDevice.from_item(item) for item in found if item["SK"].startswith(keys.PUSH_DEVICE_PREFIX)]
+    endpoints = [device.sns_endpoint_arn for device in devices if device.sns_endpoint_arn]
+    if native is not None and endpoints:
+        await asyncio.gather(*(native.forget(arn) for arn in endpoints))
     fresh = keys.user(marker.user_id)
     gone: list[Key] = [
         (i["PK"], i["SK"])

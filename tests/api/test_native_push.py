@@ -120,3 +120,17 @@ async def test_one_endpoint_per_device_a_push_each_and_a_disabled_endpoint_remov
     assert [d["platform"] for d in (await api.ok(DEVICES, as_="ben"))["myPushDevices"]] == ["APNS"]
     assert len(await messages(moto_url, ios["EndpointArn"])) == 2
     assert await endpoints(sns, settings.sns_fcm_arn) == []  # its SNS endpoint went with it
+
+
+async def test_a_deleted_account_takes_its_sns_endpoints_with_it(native: tuple[Api, Any, str]) -> None:
+    api, sns, _ = native
+    settings = api.services.settings
+    await family_with_members(api, "ana", ["ben"])
+    phone = {"platform": "APNS", "token": uuid.uuid4().hex * 2, "name": "iPhone"}
+    tablet = {"platform": "FCM", "token": f"fcm:{uuid.uuid4().hex}", "name": "Tablet"}
+    for device in (phone, tablet):
+        await api.ok(REGISTER, {"i": device}, as_="ben")
+    assert len(await endpoints(sns, settings.sns_apns_arn)) == 1
+    assert (await api.ok("mutation { deleteMyAccount }", as_="ben"))["deleteMyAccount"] is True
+    assert await endpoints(sns, settings.sns_apns_arn) == []
+    assert await endpoints(sns, settings.sns_fcm_arn) == []
