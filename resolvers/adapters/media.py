@@ -193,6 +193,7 @@ async def _run_process(
         )
     except OSError as exc:
         raise MediaError(f"{what} failed: the media tools are unavailable", detail=repr(exc)) from exc
+    probing.in_background(proc.pid)
     assert proc.stderr is not None
     try:
         async with asyncio.timeout(timeout_seconds):
@@ -262,8 +263,9 @@ def _probe_target() -> Callable[[str, Any], None]:
 
 
 def _probe_with_server(server: int, target: Callable[[str, Any], None], path: str, answer: Any) -> None:
-    """The probe's child: ends with the server, then probes."""
+    """The probe's child: ends with the server, yields the CPU to it, then probes."""
     probing.die_with(server)
+    probing.in_background()
     target(path, answer)
 
 
@@ -758,8 +760,9 @@ def _start_photo_worker(server: int) -> None:
     """Each photo process ends with the server (`server`, its pid), and reads HEIF/HEIC
     too (iPhone photos). pillow-heif applies the file's own rotation while decoding and
     sets the EXIF orientation it hands on to 1, so ``ImageOps.exif_transpose`` turns such
-    a photo only once."""
+    a photo only once. It yields the CPU to the server."""
     probing.die_with(server)
+    probing.in_background()
     import pillow_heif
 
     pillow_heif.register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)

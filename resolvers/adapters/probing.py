@@ -144,6 +144,25 @@ def _probed(path: str) -> tuple[int, str, str]:
         return EXIT_UNREADABLE, "", str(exc)
 
 
+# Media and speech work yields the CPU to the server: a long transcode or
+# transcription on every core must not hold requests (niceness 10: such work
+# gets about a tenth of a core the server wants).
+BACKGROUND_NICENESS = 10
+
+
+def in_background(pid: int = 0) -> None:
+    """Lowers process `pid` (0: this one) to the background's CPU priority; a
+    process already lower stays as it is."""
+    import os
+
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, pid)
+        if current < BACKGROUND_NICENESS:
+            os.setpriority(os.PRIO_PROCESS, pid, BACKGROUND_NICENESS)
+    except (ProcessLookupError, PermissionError, AttributeError):
+        pass  # gone already, or a platform without priorities: it runs as it is
+
+
 def die_with(pid: int) -> None:
     """Ends this process as soon as process `pid` (the server) ends, from a watching thread.
 

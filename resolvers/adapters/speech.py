@@ -281,6 +281,14 @@ def _peak_rss_kib() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def _in_background() -> None:
+    """Transcription yields the CPU to the server (the niceness of
+    `probing.BACKGROUND_NICENESS`: this script imports nothing of the project)."""
+    with contextlib.suppress(OSError, AttributeError):
+        if os.getpriority(os.PRIO_PROCESS, 0) < 10:
+            os.setpriority(os.PRIO_PROCESS, 0, 10)
+
+
 def _die_with_parent() -> None:
     """On Linux the kernel kills this worker when the server dies (a SIGKILL leaves no
     one to stop it), so that no orphan goes on decoding for a content another process
@@ -308,6 +316,7 @@ def main(argv: list[str]) -> int:
     except SystemExit:
         return EXIT_USAGE
     _die_with_parent()
+    _in_background()
     if options.memory_limit:
         resource.setrlimit(resource.RLIMIT_AS, (options.memory_limit, options.memory_limit))
     # One decode thread each: concurrency is the number of workers, not threads per worker.

@@ -28,6 +28,7 @@ from resolvers.adapters.media import (
     transcode_photo,
     transcode_video,
 )
+from resolvers.adapters.probing import BACKGROUND_NICENESS
 from tests import media_factory as mf
 
 
@@ -630,3 +631,18 @@ async def test_photo_original_reads_the_capture_time(
     src = mf.make_photo_with_location(tmp_path, "JPEG", exif=exif)
     kept = await media.photo_original(src, None)  # MIFAMILIAS_KEEP_ORIGINAL_METADATA: nothing written
     assert kept == media.PhotoOriginal(expected, stripped=False)
+
+
+# The CPU goes to the server first ------------------------------------------------------------
+
+
+async def test_media_tools_and_photo_processes_run_at_the_background_priority() -> None:
+    # A tool (ffmpeg's place) reads its own niceness until the server has lowered it.
+    watch = 'for i in $(seq 200); do n=$(nice); [ "$n" -ge 10 ] && break; sleep 0.05; done; echo "$n"'
+    code, out, _ = await media._run_process(
+        ["sh", "-c", watch], timeout_seconds=60, what="a tool", tool="sh", stdout=True
+    )
+    assert code == 0 and int(out) == BACKGROUND_NICENESS
+    niceness = await asyncio.wrap_future(media._photo_pool().submit(os.getpriority, os.PRIO_PROCESS, 0))
+    assert niceness == BACKGROUND_NICENESS
+    assert os.getpriority(os.PRIO_PROCESS, 0) < BACKGROUND_NICENESS  # the server itself is not lowered

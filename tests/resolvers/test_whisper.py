@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from resolvers.adapters import speech as speech_worker
+from resolvers.adapters.probing import BACKGROUND_NICENESS
 from resolvers.adapters.transcribe import TranscriptionError
 from resolvers.adapters.whisper import LocalTranscriber
 from resolvers.core.config import Settings
@@ -92,6 +93,8 @@ async def test_a_cancelled_transcription_kills_its_worker(
     task = asyncio.create_task(transcriber.transcribe_file(recordings["hour"]))
     await until(lambda: bool(transcriber.worker_pids), "the worker to start")
     (pid,) = transcriber.worker_pids
+    # It runs at the background's priority, below the server's.
+    await until(lambda: os.getpriority(os.PRIO_PROCESS, pid) == BACKGROUND_NICENESS, "the worker to yield")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
