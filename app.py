@@ -413,7 +413,9 @@ def _demo(settings: Settings) -> int:
         return 2
     world = demo.load_world(settings)
     seeded_now = world is None
-    if world is None:
+    if world is not None:
+        world = asyncio.run(demo.as_it_is_now(settings, world))
+    else:
         print(
             f"Seeding a demo world in {settings.data_dir} (real media through the real pipeline)...",
             flush=True,

@@ -24,7 +24,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,8 @@ from resolvers.services import Services
 from store import keys
 from store.blobs import LocalBlobStore
 from store.enums import CapsuleStatus, ContentStatus, ContentType, Role, TrustLevel
+from store.items import Membership, User
+from store.port import SortKey, all_items
 from store.sqlite import SqliteTable
 
 WORLD_FILE = "demo-world.json"
@@ -163,6 +165,39 @@ def load_world(settings: Settings) -> World | None:
     if not path.exists():
         return None
     return World.from_json(json.loads(path.read_text(encoding="utf-8")))
+
+
+async def as_it_is_now(settings: Settings, world: World) -> World:
+    """The seeded world with its family's members as they are now: roles
+    changed since (a co-admin named in GraphiQL, say), who joined since, and
+    not who left or was removed."""
+    table = SqliteTable(settings.sqlite_path)
+    try:
+        found = await all_items(
+            table, keys.family_pk(world.family_id), SortKey.begins_with(keys.MEMBER_PREFIX)
+        )
+        members = [Membership.from_item(item) for item in found]
+        profiles = await table.batch_get([keys.user(m.user_id) for m in members])
+    finally:
+        await table.close()
+    seeded = {person.id: person for person in world.people}
+    people = []
+    for membership in members:
+        known = seeded.get(membership.user_id)
+        profile = profiles.get(keys.user(membership.user_id))
+        user = User.from_item(profile) if profile is not None else None
+        people.append(
+            Person(
+                membership.user_id,
+                (user.given_name if user else None) or (known.given_name if known else membership.user_id),
+                (user.family_name if user else None) or (known.family_name if known else ""),
+                membership.role,
+            )
+        )
+    # The seeded ones first, in their order; then those who came since.
+    order = {person_id: n for n, person_id in enumerate(seeded)}
+    people.sort(key=lambda person: (order.get(person.id, len(order)), person.id))
+    return replace(world, people=tuple(people))
 
 
 def _save_world(settings: Settings, world: World) -> None:

@@ -271,7 +271,17 @@ async def test_a_second_run_serves_the_same_world_without_seeding_again(tmp_path
     first = start_demo(data, MIFAMILIAS_DEMO_UNLOCK_SECONDS="3600")  # nothing opens between the runs
     try:
         people = printed(first)
-        before = await snapshot(Api(first, people))
+        api = Api(first, people)
+        # A member made a co-admin between the runs: the next run prints them as one.
+        promoted = next(p for p in people if p.role == "MEMBER")
+        family_id = (await api.ok("ana", "{ myFamilies { family { id } } }"))["myFamilies"][0]["family"]["id"]
+        await api.ok(
+            "ana",
+            "mutation($f: ID!, $u: ID!) { setMemberRole(familyId: $f, userId: $u, role: ADMIN) { role } }",
+            f=family_id,
+            u=promoted.id,
+        )
+        before = await snapshot(api)
         world_file = (data / "demo-world.json").read_bytes()
     finally:
         first.stop()
@@ -280,7 +290,8 @@ async def test_a_second_run_serves_the_same_world_without_seeding_again(tmp_path
     second = start_demo(data, MIFAMILIAS_DEMO_UNLOCK_SECONDS="3600")
     try:
         again = printed(second)
-        assert [(p.id, p.role) for p in again] == [(p.id, p.role) for p in people]
+        now = [(p.id, "ADMIN" if p.id == promoted.id else p.role) for p in people]
+        assert [(p.id, p.role) for p in again] == now
         assert "nothing seeded" in second.log() and "Seeding" not in second.log()
         assert await snapshot(Api(second, again)) == before
         assert (data / "demo-world.json").read_bytes() == world_file
