@@ -113,6 +113,20 @@ query Family { family(id: "<family id>") { name feed(first: 20) { edges { node {
     ),
     Example(
         """\
+# Search and captions: content found by its title or by what is said in it, and
+# what was said, with its language and WebVTT captions (null where nothing is
+# spoken). The video and voice message of ./dev demo speak: search "steps" or "vamos".
+
+# as ben
+query SearchContent { searchContent(familyId: "<family id>", text: "primeras") { edges { node {
+  id title type } } } }
+
+# as ben
+query Captions { content(id: "<content id>") { title transcription transcriptLanguage captionsUrl } }
+"""
+    ),
+    Example(
+        """\
 # A time capsule. Each operation says whose token it needs;
 # a value in <angle brackets> comes from an earlier answer.
 

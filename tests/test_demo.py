@@ -152,6 +152,16 @@ async def check_world(api: Api, people: list[Printed], folder: Path) -> None:
     assert sum(node["commentCount"] for node in nodes) == 5
     assert sum(r["count"] for node in nodes for r in node["reactions"]) == 6
 
+    # The video and the voice message speak (English, Spanish): transcribed, captioned and found.
+    spoken = "query($id: ID!) { content(id: $id) { transcription transcriptLanguage captionsUrl } }"
+    for title, language, word in (("Primeros pasos", "en", "steps"), ("Canción de cuna", "es", "vamos")):
+        heard = (await api.ok("ana", spoken, id=by_title[title]["id"]))["content"]
+        assert heard["transcriptLanguage"] == language and heard["captionsUrl"], heard
+        assert word in heard["transcription"].lower(), heard
+        search = "query($f: ID!, $t: String!) { searchContent(familyId: $f, text: $t) { edges { node { title } } } }"
+        found = (await api.ok("ana", search, f=family_id, t=word))["searchContent"]["edges"]
+        assert [edge["node"]["title"] for edge in found] == [title]
+
     # Public tags for everyone in the family; a private one for its author alone.
     ana_sees = {(t["value"], t["author"]["id"]) for t in by_title["La playa"]["tags"]}
     assert ana_sees == {("playa", "ben"), ("verano", "ben"), ("favoritas", "ana")}
