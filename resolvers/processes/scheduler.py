@@ -16,7 +16,8 @@ One pass:
      stamps;
    - one transaction makes the capsule AVAILABLE, puts the content in the feed,
      unseals its tags, and writes an outbox item naming who is to be told;
-   - the events go out in one batched publish, then the outbox item goes.
+   - the events go out in one batched publish; once a batch's capsules are
+     done, their outbox items go in one batch write.
    A process that dies anywhere leaves either an UNLOCKING capsule (taken
    over once abandoned) or an outbox item (published again by the next pass
    on any process): delivery is at least once, and streams drop repeats.
@@ -53,6 +54,7 @@ from store.port import (
     ConditionFailed,
     Exists,
     Item,
+    Key,
     NotExists,
     Put,
     SortKey,
@@ -242,9 +244,13 @@ class UnlockScheduler:
             if not batch:
                 continue
             reads = await self._due_reads(batch)
+            published: list[Key] = []
             finished = await self._each(
-                batch, functools.partial(self._finish, reads=reads, result=result), result
+                batch,
+                functools.partial(self._finish, reads=reads, result=result, published=published),
+                result,
             )
+            await self._clear_outbox(published)
             opened.update(c.id for c, done in zip(batch, finished, strict=True) if done is True)
         # Due and not AVAILABLE yet: whatever was LOCKED or UNLOCKING and did not
         # finish here (waiting for content, failed, or another process's to finish).
@@ -315,8 +321,12 @@ class UnlockScheduler:
             return None  # another process won it
         return Capsule.from_item(item)
 
-    async def _finish(self, capsule: Capsule, reads: DueReads, result: PassResult) -> bool:
-        """True when the capsule is AVAILABLE (by us or by another process)."""
+    async def _finish(
+        self, capsule: Capsule, reads: DueReads, result: PassResult, published: list[Key]
+    ) -> bool:
+        """True when the capsule is AVAILABLE (by us or by another process).
+        Once its events are out, its outbox item's key joins `published`, for
+        the batch's one delete."""
         content = reads.contents.get(capsule.content_id or "")
         readers = reads.readers.get(capsule.family_id, set())
         unlocking_at = capsule.unlocking_at or capsule.unlock_date
@@ -376,7 +386,8 @@ class UnlockScheduler:
         self._mine.discard(capsule.id)
         result.unlocked += 1
         self.metrics.capsule_unlocked()
-        await self._publish(capsule.id, unlocking_at, people, outbox, push_to)
+        await self._publish(capsule.id, unlocking_at, people, push_to)
+        published.append(outbox)
         return True
 
     async def _stamp(self, capsule: Capsule, recipients: Sequence[str], at: str) -> None:
@@ -393,14 +404,10 @@ class UnlockScheduler:
         )
 
     async def _publish(
-        self,
-        capsule_id: str,
-        unlocked_at: str,
-        people: Sequence[str],
-        outbox: tuple[str, str],
-        push_to: Sequence[str] = (),
+        self, capsule_id: str, unlocked_at: str, people: Sequence[str], push_to: Sequence[str] = ()
     ) -> None:
-        """Every person's two events in one batched publish, then the outbox item goes."""
+        """Every person's two events in one batched publish. The caller then
+        deletes the outbox item (`_clear_outbox`), with its batch's others."""
         broker = self.broker
         if broker is not None:
             events: list[tuple[str, Event]] = []
@@ -423,7 +430,18 @@ class UnlockScheduler:
                 )
                 events.append(notifications.push_wake(told))
             await broker.publish_many(events)
-        await self.table.delete(outbox)
+
+    async def _clear_outbox(self, published: Sequence[Key]) -> None:
+        """The outbox items of openings whose events are out, in one batch write
+        (a batch's capsules, or what a republish sent): one call, not a delete
+        each. An item left by a crash or a failure here is published again by
+        a later pass, whose events the streams drop as repeats."""
+        if not published:
+            return
+        try:
+            await self.table.batch_write(deletes=published)
+        except StoreError:
+            log.warning("%d published unlock outbox items not deleted; a later pass does", len(published))
 
     async def _republish(self, now: datetime) -> int:
         """Publishes what a process committed and did not get out (it died in
@@ -435,21 +453,18 @@ class UnlockScheduler:
                 for shard in range(self.shards)
             )
         )
-        published = 0
+        published: list[Key] = []
         for item in (item for page in pages for item in page.items):
             try:
                 await self._publish(
-                    item["capsuleId"],
-                    item["unlockedAt"],
-                    list(item["people"]),
-                    (item["PK"], item["SK"]),
-                    list(item.get("pushTo", [])),
+                    item["capsuleId"], item["unlockedAt"], list(item["people"]), list(item.get("pushTo", []))
                 )
             except Exception:
                 log.exception("could not publish the unlock of capsule %s again", item.get("capsuleId"))
                 continue
-            published += 1
-        return published
+            published.append((item["PK"], item["SK"]))
+        await self._clear_outbox(published)
+        return len(published)
 
     async def _tell_empty(self, capsule: Capsule, result: PassResult) -> None:
         if capsule.creator_told_empty:
