@@ -9,14 +9,18 @@ One pass:
 2. LOCKED: win it with a conditional LOCKED -> UNLOCKING (a loser skips it),
    in small batches taken in a random order, so that processes waking together
    share a burst of due capsules instead of one of them taking it all.
-3. UNLOCKING (just won, or left by a crash): once the content is READY, in
-   steps that can each be replayed:
-   - one notification per person, counted unread, in batches of conditional
-     puts with ids derived from the capsule, and the recipients' `notifiedAt`
-     stamps;
-   - one transaction makes the capsule AVAILABLE, puts the content in the feed,
-     unseals its tags, and writes an outbox item naming who is to be told;
-   - the events go out in one batched publish, then the outbox item goes.
+3. UNLOCKING (just won, or left by a crash): once the content is READY, one
+   batch get per batch (contents, tag summaries, memberships, and the unread
+   counters and device counts the notes need), then for each capsule:
+   - a capsule for a few people: one transaction writes one notification per
+     person (counted unread, ids derived from the capsule), the recipients'
+     `notifiedAt` stamps, makes the capsule AVAILABLE, puts the content in the
+     feed, unseals its tags, and writes an outbox item naming who is to be told;
+   - a larger one, in steps that can each be replayed: the notifications in
+     batches of conditional puts and the stamps, then that same transaction
+     without them;
+   - the events go out in one batched publish; once a batch's capsules are
+     done, their outbox items go in one batch write.
    A process that dies anywhere leaves either an UNLOCKING capsule (taken
    over once abandoned) or an outbox item (published again by the next pass
    on any process): delivery is at least once, and streams drop repeats.
@@ -53,6 +57,7 @@ from store.port import (
     ConditionFailed,
     Exists,
     Item,
+    Key,
     NotExists,
     Put,
     SortKey,
@@ -64,6 +69,7 @@ from store.port import (
     all_items,
     any_of,
     eq,
+    op_key,
 )
 
 log = logging.getLogger("mifamilias.scheduler")
@@ -110,6 +116,23 @@ class DueReads:
     contents: dict[str, Content] = field(default_factory=dict)
     readers: dict[str, set[str]] = field(default_factory=dict)  # family -> current MEMBERs and ADMINs
     summaries: dict[str, Item] = field(default_factory=dict)  # content -> its tag summary
+    # For capsules that may open in one transaction: each of their people's
+    # first unread counter and push device count (`notifications.reads_for_user`),
+    # what `notifications.write` would otherwise read in a batch get of its own.
+    counts: dict[Key, Item] = field(default_factory=dict)
+
+
+def everyone(capsule: Capsule) -> list[str]:
+    """Whom an opening may tell: its recipients and its creator, once each."""
+    return list(dict.fromkeys([*capsule.recipient_ids, capsule.creator_id]))
+
+
+def may_open_at_once(capsule: Capsule) -> bool:
+    """Whether the capsule's notes (one per person, each counted) and its
+    recipients' stamps may fit beside its opening in one transaction, within
+    `notifications.write`'s bound: those capsules' counts are read in the
+    batch get. One whose tags then take the room left opens in steps."""
+    return len(everyone(capsule)) + len(capsule.recipient_ids) < notifications.WRITTEN_PER_TRANSACTION
 
 
 class UnlockScheduler:
@@ -242,9 +265,13 @@ class UnlockScheduler:
             if not batch:
                 continue
             reads = await self._due_reads(batch)
+            published: list[Key] = []
             finished = await self._each(
-                batch, functools.partial(self._finish, reads=reads, result=result), result
+                batch,
+                functools.partial(self._finish, reads=reads, result=result, published=published),
+                result,
             )
+            await self._clear_outbox(published)
             opened.update(c.id for c, done in zip(batch, finished, strict=True) if done is True)
         # Due and not AVAILABLE yet: whatever was LOCKED or UNLOCKING and did not
         # finish here (waiting for content, failed, or another process's to finish).
@@ -276,20 +303,31 @@ class UnlockScheduler:
             return None
 
     async def _due_reads(self, capsules: list[Capsule]) -> DueReads:
-        """Every capsule's content (with its tag summary, for `unseal_ops`), and
-        who of its people may read the family now (resolvers.domain.access's
-        rule), in one batch get."""
+        """Every capsule's content (with its tag summary, for `unseal_ops`), who
+        of its people may read the family now (resolvers.domain.access's rule),
+        and for a capsule that may open in one transaction its people's unread
+        counters and device counts, in one batch get."""
         wanted = [keys.content(c.content_id) for c in capsules if c.content_id]
         wanted += [keys.content_tags(c.content_id) for c in capsules if c.content_id]
         wanted += [
             keys.member(c.family_id, person) for c in capsules for person in (*c.recipient_ids, c.creator_id)
         ]
+        counted = {
+            key
+            for c in capsules
+            if may_open_at_once(c)
+            for person in everyone(c)
+            for key in notifications.reads_for_user(person)
+        }
+        wanted += counted
         reads = DueReads()
         if not wanted:
             return reads
-        async for found in in_slices(list((await self.table.batch_get(wanted)).values())):
-            for item in found:
-                if item.get("type") == "Membership":
+        async for found in in_slices(list((await self.table.batch_get(wanted)).items())):
+            for key, item in found:
+                if key in counted:
+                    reads.counts[key] = item
+                elif item.get("type") == "Membership":
                     if item.get("role") in READERS:
                         reads.readers.setdefault(item["familyId"], set()).add(item["userId"])
                 elif item.get("type") == "Content":
@@ -315,8 +353,12 @@ class UnlockScheduler:
             return None  # another process won it
         return Capsule.from_item(item)
 
-    async def _finish(self, capsule: Capsule, reads: DueReads, result: PassResult) -> bool:
-        """True when the capsule is AVAILABLE (by us or by another process)."""
+    async def _finish(
+        self, capsule: Capsule, reads: DueReads, result: PassResult, published: list[Key]
+    ) -> bool:
+        """True when the capsule is AVAILABLE (by us or by another process).
+        Once its events are out, its outbox item's key joins `published`, for
+        the batch's one delete."""
         content = reads.contents.get(capsule.content_id or "")
         readers = reads.readers.get(capsule.family_id, set())
         unlocking_at = capsule.unlocking_at or capsule.unlock_date
@@ -326,20 +368,16 @@ class UnlockScheduler:
         # The capsule stays the family's and opens for its recipients; only those
         # who are its MEMBERs or ADMINs now are told (a creator who was removed
         # is not, and a recipient who left is not).
-        people = [p for p in dict.fromkeys([*capsule.recipient_ids, capsule.creator_id]) if p in readers]
+        people = [p for p in everyone(capsule) if p in readers]
         notes = await notifications.unlocked_notes(capsule, content.id, people, unlocking_at)
-        # Before the capsule opens, in replayable batches: a capsule of any size.
-        # Each note is counted unread with it; a replay finds its note and
-        # leaves it out, so nothing is written or counted twice.
-        written, _ = await asyncio.gather(
-            notifications.write(self.table, self.broker, notes, announce=False),
-            self._stamp(capsule, [user for user in capsule.recipient_ids if user in readers], unlocking_at),
+        stamps: list[WriteOp] = await built(
+            [user for user in capsule.recipient_ids if user in readers],
+            lambda user: Update(
+                keys.recipient(capsule.id, user), set={"notifiedAt": unlocking_at}, condition=Exists()
+            ),
         )
-        # Whose notes wait in the push outbox (a replay's were written before:
-        # the push workers' recovery scan finds those).
-        push_to = [note.user_id for note in written if note.push_pending]
         outbox = keys.unlock_outbox(iso(self.clock()), capsule.id, self.shards)
-        ops: list[WriteOp] = [
+        opening: list[WriteOp] = [
             Update(
                 capsule.key,
                 set={"status": CapsuleStatus.AVAILABLE, "notificationSent": True, "unlockedAt": unlocking_at},
@@ -349,9 +387,12 @@ class UnlockScheduler:
             Update(content.key, set=content.feed_keys(), condition=Exists()),
             # The content leaves its capsule: its tags now count for everyone.
             *await unseal_ops(self.table, content, reads.summaries.get(content.id)),
+        ]
+
+        def outbox_item(push_to: list[str]) -> Put:
             # Who is to be told, committed with the opening: if this process dies
             # before its publish is out, a later pass publishes from here.
-            Put(
+            return Put(
                 {
                     "PK": outbox[0],
                     "SK": outbox[1],
@@ -362,29 +403,63 @@ class UnlockScheduler:
                     "pushTo": push_to,
                 },
                 NotExists(),
-            ),
-        ]
+            )
+
+        commit: Callable[[], Awaitable[object]]
+        if may_open_at_once(capsule) and (
+            len(notes) + len(stamps) + len(opening) + 1 <= notifications.WRITTEN_PER_TRANSACTION
+        ):
+            # A capsule for a few people opens in one transaction: its notes,
+            # their counts (and so the mail and push outboxes, which are the
+            # notes), the stamps, AVAILABLE and the outbox item. The notes'
+            # reads came in the batch get; a replay (an UNLOCKING capsule taken
+            # over, whose notes may be there) or an epoch that moved is
+            # cancelled by the notes' own conditions, and `write` reads again.
+            prepared = notifications.prepared_from(notes, reads.counts)
+            # Whose notes go in the push outbox, as read; should `write` read
+            # again, a wake for a note not in it costs the push workers a lost
+            # claim, and one it misses is found by their recovery scan.
+            push_to = [note.user_id for note in prepared.fresh if note.user_id in prepared.with_devices]
+            commit = functools.partial(
+                notifications.write,
+                self.table,
+                self.broker,
+                notes,
+                prepared=prepared,
+                beside=[*opening, outbox_item(push_to), *stamps],
+                announce=False,
+            )
+        else:
+            # Before the capsule opens, in replayable batches: a capsule of any
+            # size. Each note is counted unread with it; a replay finds its note
+            # and leaves it out, so nothing is written or counted twice.
+            written, _ = await asyncio.gather(
+                notifications.write(self.table, self.broker, notes, announce=False), self._stamp(stamps)
+            )
+            # Whose notes wait in the push outbox (a replay's were written before:
+            # the push workers' recovery scan finds those).
+            push_to = [note.user_id for note in written if note.push_pending]
+            commit = functools.partial(self.table.transact, [*opening, outbox_item(push_to)])
         try:
-            await self.table.transact(ops)
+            await commit()
         except TransactionCancelled as error:
             if error.failed_on(capsule.key):
                 self._mine.discard(capsule.id)
                 return True  # another process finished it first; it publishes
+            if any(error.failed_on(op_key(stamp)) for stamp in stamps):
+                raise  # a recipient's item is gone: as when stamped on its own
             # Its tags changed meanwhile: still ours, the next pass reads again.
             result.waiting += 1
             return False
         self._mine.discard(capsule.id)
         result.unlocked += 1
         self.metrics.capsule_unlocked()
-        await self._publish(capsule.id, unlocking_at, people, outbox, push_to)
+        await self._publish(capsule.id, unlocking_at, people, push_to)
+        published.append(outbox)
         return True
 
-    async def _stamp(self, capsule: Capsule, recipients: Sequence[str], at: str) -> None:
+    async def _stamp(self, stamps: Sequence[WriteOp]) -> None:
         """The recipients' `notifiedAt`, in transactions of up to 100 (replaying one sets the same)."""
-        stamps: list[WriteOp] = await built(
-            recipients,
-            lambda user: Update(keys.recipient(capsule.id, user), set={"notifiedAt": at}, condition=Exists()),
-        )
         await asyncio.gather(
             *(
                 self.table.transact(stamps[n : n + TRANSACTION_ITEMS])
@@ -393,14 +468,10 @@ class UnlockScheduler:
         )
 
     async def _publish(
-        self,
-        capsule_id: str,
-        unlocked_at: str,
-        people: Sequence[str],
-        outbox: tuple[str, str],
-        push_to: Sequence[str] = (),
+        self, capsule_id: str, unlocked_at: str, people: Sequence[str], push_to: Sequence[str] = ()
     ) -> None:
-        """Every person's two events in one batched publish, then the outbox item goes."""
+        """Every person's two events in one batched publish. The caller then
+        deletes the outbox item (`_clear_outbox`), with its batch's others."""
         broker = self.broker
         if broker is not None:
             events: list[tuple[str, Event]] = []
@@ -423,7 +494,18 @@ class UnlockScheduler:
                 )
                 events.append(notifications.push_wake(told))
             await broker.publish_many(events)
-        await self.table.delete(outbox)
+
+    async def _clear_outbox(self, published: Sequence[Key]) -> None:
+        """The outbox items of openings whose events are out, in one batch write
+        (a batch's capsules, or what a republish sent): one call, not a delete
+        each. An item left by a crash or a failure here is published again by
+        a later pass, whose events the streams drop as repeats."""
+        if not published:
+            return
+        try:
+            await self.table.batch_write(deletes=published)
+        except StoreError:
+            log.warning("%d published unlock outbox items not deleted; a later pass does", len(published))
 
     async def _republish(self, now: datetime) -> int:
         """Publishes what a process committed and did not get out (it died in
@@ -435,21 +517,18 @@ class UnlockScheduler:
                 for shard in range(self.shards)
             )
         )
-        published = 0
+        published: list[Key] = []
         for item in (item for page in pages for item in page.items):
             try:
                 await self._publish(
-                    item["capsuleId"],
-                    item["unlockedAt"],
-                    list(item["people"]),
-                    (item["PK"], item["SK"]),
-                    list(item.get("pushTo", [])),
+                    item["capsuleId"], item["unlockedAt"], list(item["people"]), list(item.get("pushTo", []))
                 )
             except Exception:
                 log.exception("could not publish the unlock of capsule %s again", item.get("capsuleId"))
                 continue
-            published += 1
-        return published
+            published.append((item["PK"], item["SK"]))
+        await self._clear_outbox(published)
+        return len(published)
 
     async def _tell_empty(self, capsule: Capsule, result: PassResult) -> None:
         if capsule.creator_told_empty:

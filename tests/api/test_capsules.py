@@ -3,14 +3,27 @@ and the secrecy of sealed content on every read path."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+from resolvers.domain import notifications
+from resolvers.processes.scheduler import CLAIM_BATCH, UnlockScheduler
 from store import keys
 from store.blobs import ABANDONED_UPLOAD_DAYS
+from store.items import Capsule, iso
 from store.port import Update
-from tests.api.conftest import Api
-from tests.factories import family_with_members, put_bytes, settle, start_upload, upload
+from tests.api.conftest import Api, dump
+from tests.counting import CountingTable
+from tests.factories import (
+    capsule_rows,
+    family_rows,
+    family_with_members,
+    put_bytes,
+    settle,
+    start_upload,
+    upload,
+)
 
 CREATE = """mutation($i: CreateCapsuleInput!) { createCapsule(input: $i) {
   id status title unlockDate notificationSent recipients { user { id } notifiedAt viewedAt } } }"""
@@ -253,6 +266,78 @@ async def test_cancel_and_a_capsule_left_empty(api: Api) -> None:
         as_="ana",
     )
     assert code == "CONFLICT"
+
+
+async def unlocked_notes(api: Api) -> Counter[tuple[str, str]]:
+    return Counter(
+        (item["userId"], item["capsuleId"])
+        for item in (await dump(api.table)).values()
+        if item.get("type") == "Notification" and item.get("notificationType") == "CAPSULE_UNLOCKED"
+    )
+
+
+async def counted_scheduler(api: Api) -> tuple[UnlockScheduler, CountingTable]:
+    """A scheduler of its own on the app's table, whose store calls are counted
+    apart from whatever else the app does meanwhile. The capsules it opens are
+    due a day ahead, when the app's own scheduler (whose first pass has run by
+    the end of a request) sleeps for its hour-long poll."""
+    await api.ok("{ me { id } }", as_="ana")
+    counting = CountingTable(api.table.inner)  # type: ignore[attr-defined]
+    services = api.services
+    scheduler = UnlockScheduler(
+        table=counting, broker=services.broker, settings=services.settings, clock=services.clock
+    )
+    return scheduler, counting
+
+
+async def test_capsules_for_a_few_people_open_in_one_transaction_each(api: Api) -> None:
+    people = ["ben", "cy", "dee"]
+    await api.table.batch_write(family_rows("fewfamily", "ana", people))
+    scheduler, counting = await counted_scheduler(api)
+    due = api.clock.moment + timedelta(days=1)
+    rows: list[dict[str, Any]] = []
+    for n in range(2 * CLAIM_BATCH):
+        chosen = (people[n % 3], people[(n + 1) % 3])
+        _, more = capsule_rows("fewfamily", "ana", chosen, due, scheduler.shards, tag=f"{n:02d}")
+        rows += more
+    await api.table.batch_write(rows)
+    api.clock.advance(days=1, seconds=1)
+    result = await scheduler.run_once()
+    assert result.unlocked == 2 * CLAIM_BATCH and result.failed == 0
+    # Each capsule: its win and one transaction (notes, counts, stamps, the
+    # opening and its outbox item); each batch: one batch get for its reads and
+    # one batch write for its outbox items once published.
+    calls = counting.calls
+    assert calls["update"] == calls["transact"] == 2 * CLAIM_BATCH, counting.rounds()
+    assert calls["batch_get"] == calls["batch_write"] == 2 and calls["delete"] == 0, counting.rounds()
+    notes = await unlocked_notes(api)
+    assert len(notes) == 3 * 2 * CLAIM_BATCH and set(notes.values()) == {1}
+    unread = await api.ok("{ notifications { unreadCount } }", as_="ana")
+    assert unread["notifications"]["unreadCount"] == 2 * CLAIM_BATCH
+    assert not [key for key in await dump(api.table) if key[0].startswith("OUTBOX#")]
+    assert (await scheduler.run_once()).unlocked == 0
+
+
+async def test_a_small_capsule_taken_over_with_a_note_written_counts_it_once(api: Api) -> None:
+    await api.table.batch_write(family_rows("fewfamily", "ana", ["ben", "cy"]))
+    scheduler, _ = await counted_scheduler(api)
+    # UNLOCKING for a minute (a process died after writing ben's note): any
+    # pass takes it over, and its one transaction meets that note.
+    won = api.clock.moment + timedelta(days=1)
+    capsule_id, rows = capsule_rows("fewfamily", "ana", ["ben", "cy"], won, scheduler.shards)
+    capsule = Capsule.from_item(next(row for row in rows if row["type"] == "Capsule"))
+    await api.table.batch_write(rows)
+    await api.table.update(Update(capsule.key, set={"status": "UNLOCKING", "unlockingAt": iso(won)}))
+    content_id = capsule.content_id or ""
+    (note,) = await notifications.unlocked_notes(capsule, content_id, ["ben"], iso(won))
+    assert len(await notifications.write(api.table, None, [note])) == 1
+    api.clock.advance(days=1, minutes=1)
+    result = await scheduler.run_once()
+    assert result.unlocked == 1 and result.failed == 0
+    assert await unlocked_notes(api) == Counter({(p, capsule_id): 1 for p in ("ana", "ben", "cy")})
+    for person in ("ana", "ben", "cy"):
+        unread = await api.ok("{ notifications { unreadCount } }", as_=person)
+        assert unread["notifications"]["unreadCount"] == 1, person
 
 
 async def test_unlock_waits_for_the_content_to_be_ready(api: Api) -> None:
