@@ -7,11 +7,16 @@ to the table).
 If Redis does not answer, the buckets are kept in the table until it does:
 the budget still holds, though a person could spend up to a second bucket
 while Redis went or came back. It never turns a request away because Redis is
-down."""
+down. Nor does it make every request wait for Redis's timeout: after a
+failure, the table keeps the buckets for `RETRY_SECONDS`, and then one call
+alone tries Redis again (a circuit breaker), so a frozen Redis costs a process
+one timeout per interval, not one per operation."""
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from resolvers.core.ratelimit import Bucket, BudgetCounter
@@ -45,10 +50,19 @@ return 1
 """
 # A stalled Redis must not stall every operation behind it.
 TIMEOUT_SECONDS = 1.0
+# After a failure, how long the table alone keeps the buckets before one call
+# tries Redis again.
+RETRY_SECONDS = 5.0
 
 
 class RedisBudgetCounter:
-    def __init__(self, url: str, fallback: BudgetCounter, prefix: str = "mifamilias:") -> None:
+    def __init__(
+        self,
+        url: str,
+        fallback: BudgetCounter,
+        prefix: str = "mifamilias:",
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         import redis.asyncio as redis
 
         self._redis: Any = redis.from_url(
@@ -59,6 +73,10 @@ class RedisBudgetCounter:
         self._fallback = fallback
         self._prefix = prefix
         self._down = False
+        self._monotonic = monotonic
+        self._retry_at = 0.0
+        self._probing = False
+        self._probe_started = 0.0
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
 
     def _key(self, subject: str) -> str:
@@ -68,6 +86,8 @@ class RedisBudgetCounter:
         if cost > bucket.size:
             return None
         latest = now + bucket.micros(bucket.size - cost)
+        if not self._use_redis():
+            return await self._fallback.spend(subject, cost, bucket, now)
         try:
             full_at = int(
                 await self._spend(keys=[self._key(subject)], args=[now, bucket.micros(cost), latest])
@@ -79,6 +99,9 @@ class RedisBudgetCounter:
         return None if full_at < 0 else full_at
 
     async def refund(self, subject: str, points: int, bucket: Bucket, now: int) -> None:
+        if not self._use_redis():
+            await self._fallback.refund(subject, points, bucket, now)
+            return
         try:
             await self._refund(keys=[self._key(subject)], args=[now, bucket.micros(points)])
         except self._errors as error:
@@ -88,6 +111,8 @@ class RedisBudgetCounter:
         self._back()
 
     async def full_at(self, subject: str) -> int:
+        if not self._use_redis():
+            return await self._fallback.full_at(subject)
         try:
             found = await self._redis.get(self._key(subject))
         except self._errors as error:
@@ -96,12 +121,29 @@ class RedisBudgetCounter:
         self._back()
         return int(found or 0)
 
+    def _use_redis(self) -> bool:
+        """Whether this call goes to Redis: always while it answers; after a
+        failure, none until the retry time, then the first call alone."""
+        if not self._down:
+            return True
+        now = self._monotonic()
+        # A probe that neither failed nor answered (its operation was cancelled)
+        # stops counting after two timeouts.
+        probing = self._probing and now - self._probe_started < 2 * TIMEOUT_SECONDS
+        if probing or now < self._retry_at:
+            return False
+        self._probing, self._probe_started = True, now
+        return True
+
     def _went(self, error: BaseException) -> None:
+        self._probing = False
+        self._retry_at = self._monotonic() + RETRY_SECONDS
         if not self._down:
             self._down = True
             log.warning("the cost budget's Redis fails (%s); its buckets are kept in the table", error)
 
     def _back(self) -> None:
+        self._probing = False
         if self._down:
             self._down = False
             log.warning("the cost budget's Redis is back; its buckets are kept there")

@@ -4,18 +4,22 @@ engine), Redis, and Redis that does not answer (the table keeps them meanwhile).
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from resolvers.adapters.budget import RedisBudgetCounter
+from resolvers.adapters.budget import RETRY_SECONDS, RedisBudgetCounter
 from resolvers.core.errors import RateLimited
 from resolvers.core.ratelimit import MICROS, Bucket, BudgetCounter, CostBudget, TableBudgetCounter
 from tests.api.conftest import open_table
+from tests.servers import RedisProcess
 
 
 def closed_port() -> int:
@@ -135,3 +139,46 @@ async def test_one_event_to_a_persons_subscriptions_is_one_spend(counter: Budget
     )
     assert all(isinstance(error, RateLimited) for error in refused)
     assert bucket.available(await counter.full_at("ana"), NOW) == 5
+
+
+class CountingTableCounter(TableBudgetCounter):
+    spends = 0
+
+    async def spend(self, subject: str, cost: int, bucket: Bucket, now: int) -> int | None:
+        self.spends += 1
+        return await super().spend(subject, cost, bucket, now)
+
+
+async def test_a_frozen_redis_costs_one_timeout_per_interval_not_one_per_operation(tmp_path: Path) -> None:
+    redis = RedisProcess(tmp_path / "redis").start()
+    assert redis.process is not None
+    clock = [1000.0]
+    async with open_table("sqlite", tmp_path, None) as table:
+        fallback = CountingTableCounter(table)
+        counter = RedisBudgetCounter(redis.url, fallback=fallback, monotonic=lambda: clock[0])
+        tried = []
+        script = counter._spend
+
+        async def counted(**kwargs: Any) -> Any:
+            tried.append(clock[0])
+            return await script(**kwargs)
+
+        counter._spend = counted  # type: ignore[assignment]  # counts the calls that reach Redis
+        try:
+            assert await counter.spend("ana", 1, BUCKET, NOW) is not None
+            os.kill(redis.process.pid, signal.SIGSTOP)  # frozen, not dead: it accepts and never answers
+            for _ in range(10):
+                assert await counter.spend("ana", 0, BUCKET, NOW) is not None
+            assert (len(tried), fallback.spends) == (2, 10)  # one timeout, then the table alone
+            clock[0] += RETRY_SECONDS
+            await asyncio.gather(*(counter.spend("ana", 0, BUCKET, NOW) for _ in range(5)))
+            assert (len(tried), fallback.spends) == (3, 15)  # one call alone tried it again
+            os.kill(redis.process.pid, signal.SIGCONT)
+            clock[0] += RETRY_SECONDS
+            for _ in range(3):
+                assert await counter.spend("ana", 0, BUCKET, NOW) is not None
+            assert (len(tried), fallback.spends) == (6, 15)  # back in Redis
+        finally:
+            os.kill(redis.process.pid, signal.SIGCONT)
+            await counter.close()
+            redis.stop()
