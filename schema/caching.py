@@ -1,4 +1,4 @@
-"""What a cache in front of GET may keep (the README suggests a CDN there).
+"""What a cache in front of GET may keep (a CDN, say).
 
 Every answer but introspection's is someone's: it depends on the token. So a
 GET answer carries `Vary: Authorization`, and `Cache-Control: private,

@@ -6,7 +6,7 @@ app.py serves ``GRAPHIQL_HTML`` for ``GET /graphql`` (by overriding ``graphql_id
 
 ``EXAMPLES`` is the one list of example operations: the page opens them as tabs (GraphiQL's
 ``defaultTabs``), and ``tests/test_graphiql.py`` checks that each validates against the schema and
-that the README's ```graphql examples are the same operations, in the same order.
+that the API guide's (docs/guide.md) ```graphql examples are the same operations, in the same order.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ DEFAULT_QUERY = """\
 # their token already in the Headers tab.
 #
 # Then press the run button (or Ctrl-Enter).
-# The other tabs hold the README's example operations.
+# The other tabs hold the API guide's example operations.
 
 query Me {
   me { id givenName }
@@ -49,8 +49,8 @@ query Me {
 
 DEFAULT_HEADERS = '{\n  "Authorization": "Bearer <token>"\n}'
 
-# The README's "Example operations", in order, grouped into tabs and named so each tab has a
-# title; tests/test_graphiql.py checks they are the same operations as the README's blocks.
+# The API guide's "Example operations" (docs/guide.md), in order, grouped into tabs and named
+# so each tab has a title; tests/test_graphiql.py checks they are the guide's blocks.
 EXAMPLES: tuple[Example, ...] = (
     Example(
         """\

@@ -161,7 +161,7 @@ def first_operation_name(document: DocumentNode) -> str:
 
 
 def unnamed(operation: OperationDefinitionNode) -> str:
-    """The operation as text, without its name: the tabs name what the README leaves anonymous."""
+    """The operation as text, without its name: the tabs name what the guide leaves anonymous."""
     return print_ast(dataclasses.replace(operation, name=None))
 
 
@@ -174,12 +174,12 @@ def test_every_example_tab_validates_against_the_schema() -> None:
 
 
 def test_the_readme_examples_are_the_example_tabs() -> None:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("\n## Example operations\n") :]
+    guide = (ROOT / "docs" / "guide.md").read_text(encoding="utf-8")
+    section = guide[guide.index("\n## Example operations\n") :]
     section = section[: section.index("\n## ", 1)]
     blocks = re.findall(r"```graphql\n(.*?)```", section, flags=re.DOTALL)
-    assert blocks, "the README has no ```graphql block"
+    assert blocks, "the guide has no ```graphql block"
     in_readme = [unnamed(op) for block in blocks for op in operations(parse(block))]
     in_tabs = [unnamed(op) for example in EXAMPLES for op in operations(parse(example.query))]
-    # One list (schema/graphiql.py's EXAMPLES); when the README changes, the tabs change with it.
+    # One list (schema/graphiql.py's EXAMPLES); when the guide changes, the tabs change with it.
     assert in_readme == in_tabs

@@ -1,11 +1,12 @@
-"""The README's examples, run as written.
+"""The documentation's examples, run as written.
 
-The "Example operations" section runs in order against a real server on a
+The API guide's "Example operations" section (docs/guide.md, linked from the
+README) runs in order against a real server on a
 loopback port (in this process, so that the test holds its clock and can reach
 the capsule's date): its GraphQL blocks over HTTP and WebSocket, its shell
 blocks in bash, with values in angle brackets filled from earlier answers. The
-"Running against DynamoDB and S3" block runs literally in bash, its endpoint
-pointed at the moto_server the tests start.
+"Running against DynamoDB and S3" block (docs/operations.md) runs literally in
+bash, its endpoint pointed at the moto_server the tests start.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from resolvers.core.config import Settings
 from tests.clock import FakeClock
 from tests.servers import ROOT, SECRET, free_port, until
 
-README = ROOT / "README.md"
+GUIDE = ROOT / "docs" / "guide.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
 # Where each value in angle brackets comes from: the newest answer of that field.
 PLACEHOLDERS = {
     "family id": ("createFamily", "id"),
@@ -56,8 +58,8 @@ class Block:
     text: str
 
 
-def readme_section(title: str) -> str:
-    text = README.read_text()
+def section(document: Path, title: str) -> str:
+    text = document.read_text()
     start = text.index(f"\n## {title}\n")
     end = text.find("\n## ", start + 1)
     return text[start : end if end != -1 else len(text)]
@@ -70,7 +72,7 @@ def fenced_blocks(section: str) -> list[Block]:
 def fill(text: str, answers: dict[str, Any]) -> str:
     def value(match: re.Match[str]) -> str:
         name = match.group(1)
-        assert name in PLACEHOLDERS, f"the README uses <{name}>, which no earlier answer gives"
+        assert name in PLACEHOLDERS, f"the guide uses <{name}>, which no earlier answer gives"
         found: Any = answers
         for step in PLACEHOLDERS[name]:
             assert isinstance(found, dict) and step in found, f"<{name}> is used before it is answered"
@@ -142,7 +144,7 @@ async def run_subscription(
         first = asyncio.ensure_future(anext(events))
         await until_listening(services, user_channel("ben", "capsules"))
         await services.pipeline.queue.join()  # the capsule's content is READY
-        due = re.search(r'unlockDate: "([^"]+)"', README.read_text())
+        due = re.search(r'unlockDate: "([^"]+)"', GUIDE.read_text())
         assert due is not None
         clock.moment = datetime.fromisoformat(due.group(1)).astimezone(UTC)
         clock.advance(seconds=1)
@@ -179,7 +181,7 @@ def test_the_readme_examples_run_in_order() -> None:
 async def test_the_examples(tmp_path: Path) -> None:
     if os.environ.get(IN_OWN_PROCESS) != "1":
         pytest.skip("run by test_the_readme_examples_run_in_order, in a process of its own")
-    blocks = fenced_blocks(readme_section("Example operations"))
+    blocks = fenced_blocks(section(GUIDE, "Example operations"))
     assert [b.language for b in blocks].count("graphql") >= 10
     clock = FakeClock()
     tokens = {user: mint_token(SECRET, user, given_name=name) for user, name in NAMES.items()}
@@ -241,7 +243,9 @@ async def _stop_group(process: asyncio.subprocess.Process) -> None:
 
 async def test_the_readme_dynamodb_recipe_runs_as_written(moto_server: str, tmp_path: Path) -> None:
     (recipe,) = [
-        b for b in fenced_blocks(readme_section("Running against DynamoDB and S3")) if "moto_server" in b.text
+        b
+        for b in fenced_blocks(section(OPERATIONS, "Running against DynamoDB and S3"))
+        if "moto_server" in b.text
     ]
     lines = recipe.text.strip().splitlines()
     # The first line starts a moto_server; the test's own stands in for it.

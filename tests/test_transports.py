@@ -516,10 +516,10 @@ async def test_a_query_streams_over_sse_and_is_refused_over_multipart_subscripti
 # Documentation ---------------------------------------------------------------------------
 
 
-def test_the_readme_names_every_token_place_and_close_reason() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[
-        readme.index("### Subscriptions") : readme.index("\n## ", readme.index("### Subscriptions"))
+def test_the_guide_names_every_token_place_and_close_reason() -> None:
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "guide.md").read_text()
+    section = guide[
+        guide.index("## Subscriptions") : guide.index("\n## ", guide.index("## Subscriptions") + 1)
     ]
     for place in ("`Authorization`", "`authorization`", "`authToken`", "`headers.Authorization`"):
         assert place in section

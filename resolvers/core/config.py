@@ -1,4 +1,4 @@
-"""Configuration from `MIFAMILIAS_*` environment variables (see README), as a
+"""Configuration from `MIFAMILIAS_*` environment variables (docs/configuration.md), as a
 pydantic-settings model: every value is checked, and a bad one is refused at
 start-up with the variable's name and the value given."""
 
