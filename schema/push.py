@@ -11,6 +11,16 @@ from schema.enums import PushPlatform
 from store import items
 
 
+@strawberry.type(description="what became of the last push tried on a device")
+class PushDelivery:
+    at: datetime = strawberry.field(description="when it was tried")
+    status: int | None = strawberry.field(
+        description="the push service's HTTP status (Web Push: 201 when it took the push); null through "
+        "SNS (APNS, FCM) and when nothing answered"
+    )
+    error: str | None = strawberry.field(description="why it did not reach the device; null when it did")
+
+
 @strawberry.type(description="a browser or an app of the viewer's that receives pushes")
 class PushDevice:
     item: strawberry.Private[items.PushDevice]
@@ -34,6 +44,25 @@ class PushDevice:
     @strawberry.field(description="when the last push reached its push service; null until one did")
     def last_pushed_at(self) -> datetime | None:
         return maybe_when(self.item.last_pushed_at)
+
+    @strawberry.field(
+        description="the last push tried, whether it reached its push service or not; null until one was"
+    )
+    def last_delivery(self) -> PushDelivery | None:
+        if self.item.last_delivery_at is None:
+            return None
+        return PushDelivery(
+            at=when(self.item.last_delivery_at),
+            status=self.item.last_delivery_status,
+            error=self.item.last_delivery_error,
+        )
+
+    @strawberry.field(
+        description="its push service said it is no more (410, or a disabled SNS endpoint): nothing is "
+        "pushed to it until it is registered again"
+    )
+    def gone(self) -> bool:
+        return self.item.gone_at is not None
 
 
 @strawberry.input

@@ -531,6 +531,14 @@ class PushDevice(Record):
     # went: the next one of the same topic within a minute is not sent.
     last_topic: str | None = None
     last_topic_at: str | None = None
+    # The last push tried: when, the push service's HTTP status (Web Push; none
+    # through SNS or when nothing answered) and why it failed, if it did.
+    last_delivery_at: str | None = None
+    last_delivery_status: int | None = None
+    last_delivery_error: str | None = None
+    # When its push service said it is no more (410, a disabled SNS endpoint):
+    # nothing is pushed to it until it is registered again.
+    gone_at: str | None = None
 
     @property
     def key(self) -> Key:

@@ -147,11 +147,15 @@ async def register(ctx: Context, given: DeviceInput) -> PushDevice:
         mine = await devices_of(ctx.table, viewer)
         same = next((d for d in mine if d.id == record.id), None)
         if same is not None:
+            # Registered again: pushed to again if its push service had let it go.
             updated = replace(
                 record,
                 created_at=same.created_at,
                 sns_endpoint_arn=same.sns_endpoint_arn,
                 last_pushed_at=same.last_pushed_at,
+                last_delivery_at=same.last_delivery_at,
+                last_delivery_status=same.last_delivery_status,
+                last_delivery_error=same.last_delivery_error,
             )
             if native is not None and updated.token and updated.sns_endpoint_arn is None:
                 updated = replace(

@@ -53,6 +53,16 @@ MAX_RETRY_AFTER = timedelta(hours=6)
 OPENING_WAIT = timedelta(seconds=5)
 
 
+@dataclass(frozen=True)
+class Tried:
+    """One send: what became of it (`Pusher._send`), the push service's HTTP
+    status when it answered, and why it failed, if it did."""
+
+    result: str | timedelta
+    status: int | None = None
+    error: str | None = None
+
+
 @dataclass
 class Sent:
     """What one round of sends did."""
@@ -153,7 +163,6 @@ class Pusher:
                 )
 
         sent = await self._send_all(pending, said, now, record)
-        await asyncio.gather(*(self._forget(device) for device in sent.gone))
         attempts = int(item.get("pushAttempts", 0)) + 1
         if (sent.retry_after is not None or sent.failed) and attempts < MAX_ATTEMPTS:
             wait = sent.retry_after if sent.retry_after is not None else backoff(attempts)
@@ -211,13 +220,16 @@ class Pusher:
         sent = Sent([], [])
 
         async def one(device: PushDevice) -> str | timedelta:
-            result = await self._send(device, said, now)
-            if result in ("delivered", "collapsed"):
+            tried = await self._send(device, said, now)
+            if tried.result in ("delivered", "collapsed"):
                 await record(device)
-            return result
+            elif tried.result != "gone":
+                await self._tried(device, tried, now)  # what a developer looking at the device sees
+            return tried.result
 
-        results = await asyncio.gather(*(one(device) for device in devices))
-        for device, result in zip(devices, results, strict=True):
+        results = await asyncio.gather(*(one(device) for device in devices if device.gone_at is None))
+        live = [device for device in devices if device.gone_at is None]
+        for device, result in zip(live, results, strict=True):
             if result == "delivered" or result == "collapsed":
                 sent.delivered.append(device)
             elif result == "gone":
@@ -228,27 +240,29 @@ class Pusher:
                 sent.failed = True
         return sent
 
-    async def _send(self, device: PushDevice, said: push.Push, now: datetime) -> str | timedelta:
+    async def _send(self, device: PushDevice, said: push.Push, now: datetime) -> Tried:
         """One of "delivered", "collapsed", "gone", "retry", "refused", or how
-        long the push service asked to wait."""
+        long the push service asked to wait; with what the push service said."""
         recently = iso(now - timedelta(seconds=push.COLLAPSE_SECONDS))
         if said.collapse and device.last_topic == said.collapse and (device.last_topic_at or "") > recently:
-            return "collapsed"  # a push of this topic reached it within the minute
+            return Tried("collapsed")  # a push of this topic reached it within the minute
         try:
             if device.platform == PushPlatform.WEB:
-                outcome = await self._send_web(device, said, now)
+                tried = await self._send_web(device, said, now)
             else:
-                outcome = await self._send_native(device, said)
-        except Exception:
+                tried = await self._send_native(device, said)
+        except Exception as error:
             log.exception("push to device %s of %s failed", device.id, device.user_id)
-            return "retry"
-        if outcome == "delivered":
-            await self._pushed(device, said, now)
-        return outcome
+            return Tried("retry", error=f"the push could not be sent: {type(error).__name__}")
+        if tried.result == "delivered":
+            await self._pushed(device, said, now, tried.status)
+        elif tried.result == "gone":
+            await self._forget(device, tried, now)
+        return tried
 
-    async def _send_web(self, device: PushDevice, said: push.Push, now: datetime) -> str | timedelta:
+    async def _send_web(self, device: PushDevice, said: push.Push, now: datetime) -> Tried:
         if self.web is None or not (device.endpoint and device.p256dh and device.auth):
-            return "refused"
+            return Tried("refused", error="Web Push is off on this server")
         subscription = Subscription(device.endpoint, device.p256dh, device.auth)
         message = Message(said.web_payload(), ttl=said.ttl, urgency=said.urgency, topic=said.collapse)
         try:
@@ -257,20 +271,21 @@ class Pusher:
             # The host now resolves somewhere it may not go: not sent, and not
             # tried again for this note (the device stays; it may come back).
             log.warning("push endpoint of device %s refused at send: %s", device.id, error)
-            return "refused"
+            return Tried("refused", error=f"the endpoint {error}")
         if outcome.delivered:
-            return "delivered"
+            return Tried("delivered", outcome.status)
         if outcome.gone:
-            return "gone"
+            return Tried("gone", outcome.status, "the push service says this subscription is gone")
         if outcome.retryable:
             wait = retry_delay(outcome.retry_after, now)
-            return wait if wait is not None else "retry"
+            reason = f"the push service answered {outcome.status}; tried again later"
+            return Tried(wait if wait is not None else "retry", outcome.status, reason)
         log.warning("push service answered %s for device %s: not retried", outcome.status, device.id)
-        return "refused"
+        return Tried("refused", outcome.status, f"the push service refused it ({outcome.status})")
 
-    async def _send_native(self, device: PushDevice, said: push.Push) -> str:
+    async def _send_native(self, device: PushDevice, said: push.Push) -> Tried:
         if self.native is None or not device.sns_endpoint_arn or not self.native.configured(device.platform):
-            return "refused"
+            return Tried("refused", error="native push is not configured on this server")
         message = NativeMessage(
             title=said.title,
             body=said.body,
@@ -281,13 +296,22 @@ class Pusher:
         )
         outcome = await self.native.publish(device.platform, device.sns_endpoint_arn, message)
         if outcome.delivered:
-            return "delivered"
+            return Tried("delivered")
         if outcome.gone:
-            return "gone"
-        return "retry" if outcome.retryable else "refused"
+            return Tried(
+                "gone", error="SNS disabled or deleted the endpoint (its platform refused the token)"
+            )
+        if outcome.retryable:
+            return Tried("retry", error="SNS did not take it; tried again later")
+        return Tried("refused", error="SNS refused it")
 
-    async def _pushed(self, device: PushDevice, said: push.Push, now: datetime) -> None:
-        changes: dict[str, object] = {"lastPushedAt": iso(now)}
+    async def _pushed(self, device: PushDevice, said: push.Push, now: datetime, status: int | None) -> None:
+        changes: dict[str, object] = {
+            "lastPushedAt": iso(now),
+            "lastDeliveryAt": iso(now),
+            "lastDeliveryStatus": status,
+            "lastDeliveryError": None,
+        }
         if said.collapse:
             changes.update({"lastTopic": said.collapse, "lastTopicAt": iso(now)})
         try:
@@ -295,9 +319,36 @@ class Pusher:
         except Exception:
             log.debug("device %s went while it was pushed to", device.id)
 
-    async def _forget(self, device: PushDevice) -> None:
-        log.info("push device %s of %s is gone at its push service: removed", device.id, device.user_id)
-        if await push.remove(self.table, device) and self.native is not None and device.sns_endpoint_arn:
+    async def _tried(self, device: PushDevice, tried: Tried, now: datetime) -> None:
+        """A push that did not reach the device: its status and reason, on the
+        device (a write only when a push fails)."""
+        changes = {
+            "lastDeliveryAt": iso(now),
+            "lastDeliveryStatus": tried.status,
+            "lastDeliveryError": tried.error,
+        }
+        try:
+            await self.table.update(Update(device.key, set=changes, condition=Exists()))
+        except Exception:
+            log.debug("device %s went while it was pushed to", device.id)
+
+    async def _forget(self, device: PushDevice, tried: Tried, now: datetime) -> None:
+        """Its push service let it go: kept, marked gone and no longer pushed
+        to, so its owner sees why; its SNS endpoint is deleted. Registering it
+        again (a new subscription, the app's token again) brings it back."""
+        log.info("push device %s of %s is gone at its push service", device.id, device.user_id)
+        changes: dict[str, object] = {
+            "goneAt": iso(now),
+            "lastDeliveryAt": iso(now),
+            "lastDeliveryStatus": tried.status,
+            "lastDeliveryError": f"{tried.error}: it must be registered again",
+            "snsEndpointArn": None,
+        }
+        try:
+            await self.table.update(Update(device.key, set=changes, condition=Exists()))
+        except ConditionFailed:
+            return  # unregistered meanwhile
+        if self.native is not None and device.sns_endpoint_arn:
             await self.native.forget(device.sns_endpoint_arn)
 
 

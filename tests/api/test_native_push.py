@@ -21,6 +21,7 @@ from tests.servers import moto_server_process
 
 REGISTER = "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id platform } }"
 DEVICES = "{ myPushDevices { id platform } }"
+GONE = "{ myPushDevices { platform gone lastDelivery { status error } } }"
 NOTES = "{ notifications { edges { node { id type } } } }"
 
 
@@ -112,14 +113,22 @@ async def test_one_endpoint_per_device_a_push_each_and_a_disabled_endpoint_remov
     gcm = json.loads(to_android["GCM"])
     assert gcm["data"]["id"] == note["id"] and "privada" not in to_android["GCM"]
 
-    # SNS disables an endpoint its platform refused: the next push removes the device.
+    # SNS disables an endpoint its platform refused: the next push marks the device gone.
     await sns.set_endpoint_attributes(EndpointArn=android["EndpointArn"], Attributes={"Enabled": "false"})
     await upload(api, "ana", family_id, "TEXT", b"otra", "text/plain")
     await settle(api)
     await pushed(api)
-    assert [d["platform"] for d in (await api.ok(DEVICES, as_="ben"))["myPushDevices"]] == ["APNS"]
+    listed = (await api.ok(GONE, as_="ben"))["myPushDevices"]
+    assert sorted((d["platform"], d["gone"]) for d in listed) == [("APNS", False), ("FCM", True)]
+    (fcm_device,) = [d for d in listed if d["platform"] == "FCM"]
+    assert "SNS disabled" in fcm_device["lastDelivery"]["error"]
     assert len(await messages(moto_url, ios["EndpointArn"])) == 2
-    assert await endpoints(sns, settings.sns_fcm_arn) == []  # its SNS endpoint went with it
+    assert await endpoints(sns, settings.sns_fcm_arn) == []  # its SNS endpoint went
+    # The app registers its token again: a new endpoint, pushed to again.
+    await api.ok(REGISTER, {"i": tablet}, as_="ben")
+    assert len(await endpoints(sns, settings.sns_fcm_arn)) == 1
+    listed = (await api.ok(GONE, as_="ben"))["myPushDevices"]
+    assert [d["gone"] for d in listed] == [False, False]
 
 
 async def test_a_deleted_account_takes_its_sns_endpoints_with_it(native: tuple[Api, Any, str]) -> None:

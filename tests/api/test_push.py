@@ -20,6 +20,7 @@ from tests.servers import until
 
 REGISTER = "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id platform name createdAt lastPushedAt } }"
 DEVICES = "{ myPushDevices { id platform name } }"
+DELIVERIES = "{ myPushDevices { name gone lastDelivery { at status error } } }"
 UNREGISTER = "mutation($id: ID!) { unregisterPushDevice(id: $id) }"
 NOTES = "{ notifications(first: 50) { edges { node { id type read } } } }"
 COMMENT = "mutation($id: ID!, $b: String!) { addComment(contentId: $id, body: $b) { id } }"
@@ -213,7 +214,7 @@ async def test_a_push_names_its_notification_and_is_encrypted_for_its_browser(
     assert device["lastPushedAt"] is not None
 
 
-async def test_410_removes_the_device_and_429_is_retried_after_its_retry_after(
+async def test_a_410_marks_the_device_gone_and_a_429_is_retried_after_its_retry_after(
     api: Api, service: PushService
 ) -> None:
     family_id = await family_with_members(api, "ana", ["ben"])
@@ -224,7 +225,12 @@ async def test_410_removes_the_device_and_429_is_retried_after_its_retry_after(
     await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
     await settle(api)
     await pushed(api)
-    assert [d["name"] for d in (await api.ok(DEVICES, as_="ben"))["myPushDevices"]] == ["busy"]
+    # Each device says what became of its last push, and why.
+    seen = {d["name"]: d for d in (await api.ok(DELIVERIES, as_="ben"))["myPushDevices"]}
+    assert seen["gone"]["gone"] is True and seen["gone"]["lastDelivery"]["status"] == 410
+    assert "registered again" in seen["gone"]["lastDelivery"]["error"]
+    assert seen["busy"]["gone"] is False and seen["busy"]["lastDelivery"]["status"] == 429
+    assert "429" in seen["busy"]["lastDelivery"]["error"]
     assert service.to("busy") == []
     api.clock.advance(seconds=100)
     await pushed(api)
@@ -234,6 +240,17 @@ async def test_410_removes_the_device_and_429_is_retried_after_its_retry_after(
     assert len(service.to("busy")) == 1 and service.to("gone") == []
     await pushed(api)
     assert len(service.to("busy")) == 1
+    seen = {d["name"]: d for d in (await api.ok(DELIVERIES, as_="ben"))["myPushDevices"]}
+    assert seen["busy"]["lastDelivery"]["status"] == 201 and seen["busy"]["lastDelivery"]["error"] is None
+    # Nothing more goes to the gone one until its browser subscribes again.
+    await upload(api, "ana", family_id, "TEXT", b"otra", "text/plain")
+    await settle(api)
+    await pushed(api)
+    assert service.to("gone") == [] and len(service.to("busy")) == 2
+    service.answer("gone", 201)
+    await register(api, service, "ben", "gone")
+    seen = {d["name"]: d for d in (await api.ok(DELIVERIES, as_="ben"))["myPushDevices"]}
+    assert seen["gone"]["gone"] is False
 
 
 async def test_a_5xx_is_retried_with_backoff(api: Api, service: PushService) -> None:
