@@ -403,7 +403,10 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
     if size is None:
         raise BadInput("the bytes have not arrived: PUT the file to the upload URL first")
     if size != content.size_bytes:
-        raise BadInput(f"the upload has {size} bytes, but {content.size_bytes} were announced")
+        raise BadInput(
+            f"the upload has {size} bytes, but {content.size_bytes} were announced; "
+            "resumeUpload gives a fresh URL to send the whole file again"
+        )
     now = ctx.services.now_iso()
     ops: list[WriteOp] = [content.transition(ContentStatus.PROCESSING, now)]
     if content.capsule_id is not None:
