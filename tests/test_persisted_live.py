@@ -25,7 +25,7 @@ from resolvers.core.auth import mint_token
 from resolvers.core.persisted import TTL
 from store import keys
 from store.port import Table
-from tests.servers import ROOT, SECRET, ServerProcess, engine_env, without_cost
+from tests.servers import ROOT, SECRET, ServerProcess, engine_env, server_table, without_cost
 
 ME = "query Me { me { id givenName } }"
 ANA = {"data": {"me": {"id": "ana", "givenName": "Ana"}}}
@@ -47,24 +47,9 @@ class Pair:
     def __init__(self, a: ServerProcess, b: ServerProcess, env: dict[str, str]) -> None:
         self.a, self.b, self.env = a, b, env
 
-    @contextlib.asynccontextmanager
-    async def table(self) -> AsyncIterator[Table]:
+    def table(self) -> contextlib.AbstractAsyncContextManager[Table]:
         """The table both processes use, opened by the test."""
-        if "MIFAMILIAS_DYNAMODB_ENDPOINT" in self.env:
-            from store.dynamodb import open_dynamo_table
-
-            async with open_dynamo_table(
-                self.env["MIFAMILIAS_TABLE_NAME"], self.env["MIFAMILIAS_DYNAMODB_ENDPOINT"], "us-east-1"
-            ) as table:
-                yield table
-            return
-        from store.sqlite import SqliteTable
-
-        sqlite = SqliteTable(self.a.data_dir / "mifamilias.sqlite3")
-        try:
-            yield sqlite
-        finally:
-            await sqlite.close()
+        return server_table(self.a)
 
 
 @pytest.fixture(params=["sqlite", "dynamodb"])

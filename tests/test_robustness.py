@@ -172,19 +172,7 @@ async def test_a_body_cut_off_by_a_killed_server_is_swept_as_the_next_one_starts
     parts = tmp_path / "data" / "media" / ".tmp"
     held = asyncio.Event()
     try:
-        made = await _gql(first, 'mutation { createFamily(input: {name: "Los Ruiz"}) { id } }')
-        created = await _gql(
-            first,
-            "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl } }",
-            {
-                "i": {
-                    "familyId": made["data"]["createFamily"]["id"],
-                    "type": "AUDIO",
-                    "mimeType": "audio/mpeg",
-                    "sizeBytes": 4 << 20,
-                }
-            },
-        )
+        created = await _upload_in_a_new_family(first, "AUDIO", "audio/mpeg", 4 << 20)
 
         async def body() -> AsyncIterator[bytes]:
             yield b"\0" * (1 << 20)
@@ -194,7 +182,7 @@ async def test_a_body_cut_off_by_a_killed_server_is_swept_as_the_next_one_starts
             async with httpx.AsyncClient(timeout=60) as client:
                 with contextlib.suppress(httpx.HTTPError):
                     await client.put(
-                        created["data"]["createUpload"]["uploadUrl"],
+                        created["uploadUrl"],
                         content=body(),
                         headers={"Content-Type": "audio/mpeg"},
                     )
@@ -235,21 +223,32 @@ async def _gql(server: ServerProcess, query: str, variables: dict[str, Any] | No
     return await post_graphql(server, ANA, query, variables)
 
 
-async def _start_video(server: ServerProcess, video: Path) -> str:
+async def _upload_in_a_new_family(server: ServerProcess, kind: str, mime: str, size: int) -> dict[str, Any]:
+    """createUpload's answer (`uploadUrl`, `content { id }`) in a family made for it."""
     made = await _gql(server, 'mutation { createFamily(input: {name: "Los Ruiz"}) { id } }')
-    family_id = made["data"]["createFamily"]["id"]
-    body = await asyncio.to_thread(video.read_bytes)
     created = await _gql(
         server,
         "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id } } }",
-        {"i": {"familyId": family_id, "type": "VIDEO", "mimeType": "video/mp4", "sizeBytes": len(body)}},
+        {
+            "i": {
+                "familyId": made["data"]["createFamily"]["id"],
+                "type": kind,
+                "mimeType": mime,
+                "sizeBytes": size,
+            }
+        },
     )
-    upload_url = created["data"]["createUpload"]["uploadUrl"]
+    return dict(created["data"]["createUpload"])
+
+
+async def _start_video(server: ServerProcess, video: Path) -> str:
+    body = await asyncio.to_thread(video.read_bytes)
+    created = await _upload_in_a_new_family(server, "VIDEO", "video/mp4", len(body))
     async with httpx.AsyncClient(timeout=60) as client:
         assert (
-            await client.put(upload_url, content=body, headers={"Content-Type": "video/mp4"})
+            await client.put(created["uploadUrl"], content=body, headers={"Content-Type": "video/mp4"})
         ).status_code == 200
-    content_id = str(created["data"]["createUpload"]["content"]["id"])
+    content_id = str(created["content"]["id"])
     done = await _gql(
         server, "mutation($id: ID!) { completeUpload(contentId: $id) { status } }", {"id": content_id}
     )
@@ -448,21 +447,9 @@ async def _shutting_down(server: ServerProcess) -> bool:
 async def test_sigterm_closes_sockets_with_1001_and_lets_a_request_finish(tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data", {"MIFAMILIAS_AUTH_SECRET": SECRET}).start()
     try:
-        made = await _gql(server, 'mutation { createFamily(input: {name: "Los Ruiz"}) { id } }')
         note = "Querida familia: ¡hola!".encode() * 1000
-        created = await _gql(
-            server,
-            "mutation($i: CreateUploadInput!) { createUpload(input: $i) { uploadUrl content { id } } }",
-            {
-                "i": {
-                    "familyId": made["data"]["createFamily"]["id"],
-                    "type": "TEXT",
-                    "mimeType": "text/plain",
-                    "sizeBytes": len(note),
-                }
-            },
-        )
-        content_id = created["data"]["createUpload"]["content"]["id"]
+        created = await _upload_in_a_new_family(server, "TEXT", "text/plain", len(note))
+        content_id = created["content"]["id"]
         # A subscription on each protocol, ready once it answered its first event.
         sockets = []
         for n, protocol in enumerate(SUBSCRIBE):
@@ -496,7 +483,7 @@ async def test_sigterm_closes_sockets_with_1001_and_lets_a_request_finish(tmp_pa
         async with httpx.AsyncClient(timeout=60) as client:
             upload = asyncio.create_task(
                 client.put(
-                    created["data"]["createUpload"]["uploadUrl"],
+                    created["uploadUrl"],
                     content=body(),
                     headers={"Content-Type": "text/plain", "Content-Length": str(len(note))},
                 )
