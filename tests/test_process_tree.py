@@ -54,3 +54,29 @@ async def test_a_server_takes_its_processes_with_it(ending: str, tmp_path: Path)
         lambda: f"the server's processes to end: {[str(p) for p in below if not gone(p.pid)]}",
         seconds=60,
     )
+
+
+async def test_a_server_killed_while_it_transcribes_takes_its_speech_worker_with_it(tmp_path: Path) -> None:
+    """A voice message has started the speech worker (and ffmpeg's pieces): a
+    SIGKILL of the server's main process leaves none of them."""
+    speech = mf.make_speech_wav(tmp_path, mf.SPANISH_SPEECH * 3, "es")
+    server = ServerProcess(tmp_path / "data", {"MIFAMILIAS_AUTH_SECRET": SECRET}).start()
+    try:
+        body = await asyncio.to_thread(speech.read_bytes)
+        await upload_to(server, ANA, "AUDIO", "audio/wav", body)
+        assert server.process is not None
+        pid = server.process.pid
+
+        def speech_worker() -> list[str]:
+            return [p.command for p in descendants(pid) if "speech.py" in p.command]
+
+        await until(lambda: bool(speech_worker()), "the speech worker to start", seconds=120)
+        below = descendants(pid)
+        server.kill()
+    finally:
+        server.stop()
+    await until(
+        lambda: all(gone(process.pid) for process in below),
+        lambda: f"the server's processes to end: {[str(p) for p in below if not gone(p.pid)]}",
+        seconds=60,
+    )
