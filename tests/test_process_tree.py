@@ -12,7 +12,7 @@ import pytest
 
 from resolvers.core.auth import mint_token
 from tests import media_factory as mf
-from tests.leftovers import descendants, gone
+from tests.leftovers import Process, descendants, gone
 from tests.servers import SECRET, ServerProcess, graphql_data, until, upload_to
 
 ANA = mint_token(SECRET, "ana", given_name="Ana")
@@ -32,6 +32,14 @@ async def _photo_made(server: ServerProcess, photo: Path) -> None:
     await until(ready, "the photo to be made")
 
 
+async def _all_ended(below: list[Process]) -> None:
+    await until(
+        lambda: all(gone(process.pid) for process in below),
+        lambda: f"the server's processes to end: {[str(p) for p in below if not gone(p.pid)]}",
+        seconds=60,
+    )
+
+
 @pytest.mark.parametrize("ending", ["SIGKILL", "SIGTERM"])
 async def test_a_server_takes_its_processes_with_it(ending: str, tmp_path: Path) -> None:
     server = ServerProcess(tmp_path / "data", {"MIFAMILIAS_AUTH_SECRET": SECRET}).start()
@@ -49,11 +57,7 @@ async def test_a_server_takes_its_processes_with_it(ending: str, tmp_path: Path)
         assert server.process.returncode is not None
     finally:
         server.stop()
-    await until(
-        lambda: all(gone(process.pid) for process in below),
-        lambda: f"the server's processes to end: {[str(p) for p in below if not gone(p.pid)]}",
-        seconds=60,
-    )
+    await _all_ended(below)
 
 
 async def test_a_server_killed_while_it_transcribes_takes_its_speech_worker_with_it(tmp_path: Path) -> None:
@@ -75,8 +79,4 @@ async def test_a_server_killed_while_it_transcribes_takes_its_speech_worker_with
         server.kill()
     finally:
         server.stop()
-    await until(
-        lambda: all(gone(process.pid) for process in below),
-        lambda: f"the server's processes to end: {[str(p) for p in below if not gone(p.pid)]}",
-        seconds=60,
-    )
+    await _all_ended(below)
