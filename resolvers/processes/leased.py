@@ -35,7 +35,7 @@ from typing import ClassVar
 
 from resolvers.core import leases
 from resolvers.core.leases import Lease
-from store.port import Condition, Index, Item, Key, Table, every_item
+from store.port import Condition, ConditionFailed, Index, Item, Key, Table, Update, every_item
 
 log = logging.getLogger("mifamilias.leased")
 
@@ -320,10 +320,16 @@ class LeasedQueue:
         self._holding.add(key)
         cancelled = False
         try:
+            now = self.clock()
             claimed = await self.lease.claim(
-                self.table, key, self.clock(), when=self.spec.claimable, count=self.spec.count_attempts
+                self.table, key, now, when=self.spec.claimable, count=self.spec.count_attempts
             )
             if claimed is None:
+                return False
+            if self.spec.due is not None and not self.spec.due(claimed, now):
+                # Listed (or submitted) before its last holder handed it back to
+                # wait, for a push service's Retry-After say: not before its time.
+                await self._not_yet(key)
                 return False
             heartbeat = asyncio.create_task(self._renew(key), name=f"{self.spec.name}-lease")
             try:
@@ -349,6 +355,14 @@ class LeasedQueue:
         finally:
             if not cancelled:
                 self._holding.discard(key)
+
+    async def _not_yet(self, key: Key) -> None:
+        """Hands back an item claimed before it was due, the claim uncounted."""
+        add = {leases.ATTEMPTS: -1} if self.spec.count_attempts else {}
+        with contextlib.suppress(ConditionFailed):
+            await self.table.update(
+                Update(key, set=dict(leases.CLEARED), add=add, condition=self.lease.held())
+            )
 
     async def _renew(self, key: Key) -> None:
         """Keeps the lease while the work goes on: a third of it at a time."""

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,31 @@ async def test_a_live_lease_keeps_other_processes_off_until_it_runs_out(table: T
     # The first holder, back late, can neither renew nor finish.
     assert await first.renew(table, key, clock()) is False
     assert await first.release(table, key) is False
+
+
+async def test_an_item_handed_back_to_wait_is_not_run_before_its_time(table: Table) -> None:
+    """A key listed or submitted before its last holder handed it back to wait
+    (a push service's Retry-After, say) is claimed, found not due, and handed
+    back untouched: not run early, and the claim not counted."""
+    clock = Clock()
+    spec = replace(SPEC, due=lambda item, now: str(item.get("retryAt") or "") <= now.isoformat())
+    key = await add_job(table, 1)
+    later = (clock.now + timedelta(seconds=120)).isoformat()
+    await table.update(Update(key, set={"retryAt": later}))
+    handled: list[Claim] = []
+
+    async def handle(claim: Claim) -> None:
+        handled.append(claim)
+        await finish_job(table, claim)
+
+    queue = LeasedQueue(spec, table=table, clock=clock, lease=LEASE, handle=handle)
+    assert await queue.run(key) is False
+    item = await table.get(key)
+    assert item is not None and item.get(leases.OWNER) is None and leases.attempts(item) == 0
+    assert handled == []
+    clock.now += timedelta(seconds=121)
+    assert await queue.run(key) is True
+    assert [claim.attempts for claim in handled] == [1]
 
 
 async def test_stop_hands_the_leases_back_for_another_process_at_once(
