@@ -227,8 +227,8 @@ class Pusher:
                 await self._tried(device, tried, now)  # what a developer looking at the device sees
             return tried.result
 
-        results = await asyncio.gather(*(one(device) for device in devices if device.gone_at is None))
         live = [device for device in devices if device.gone_at is None]
+        results = await asyncio.gather(*(one(device) for device in live))
         for device, result in zip(live, results, strict=True):
             if result == "delivered" or result == "collapsed":
                 sent.delivered.append(device)
