@@ -18,7 +18,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
@@ -156,31 +155,7 @@ async def run_subscription(
         await events.aclose()
 
 
-# The examples run in a pytest process of their own: late in the whole suite,
-# in the suite's process, the first subscription's events stopped arriving
-# (alone, and after any single module tried, they run); the cause is not found
-# yet, and this keeps the examples checked meanwhile.
-IN_OWN_PROCESS = "MIFAMILIAS_README_EXAMPLES"
-
-
-def test_the_readme_examples_run_in_order() -> None:
-    if os.environ.get(IN_OWN_PROCESS) == "1":
-        pytest.skip("this is the process the examples run in")
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", f"{__file__}::test_the_examples", "-q", "-p", "no:cacheprovider"],
-        env={**os.environ, IN_OWN_PROCESS: "1"},
-        cwd=Path(__file__).parents[1],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "1 passed" in done.stdout, done.stdout[-2000:]
-
-
-async def test_the_examples(tmp_path: Path) -> None:
-    if os.environ.get(IN_OWN_PROCESS) != "1":
-        pytest.skip("run by test_the_readme_examples_run_in_order, in a process of its own")
+async def test_the_readme_examples_run_in_order(tmp_path: Path) -> None:
     blocks = fenced_blocks(section(GUIDE, "Example operations"))
     assert [b.language for b in blocks].count("graphql") >= 10
     clock = FakeClock()

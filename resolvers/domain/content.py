@@ -78,13 +78,17 @@ def original_key(content: Content) -> str:
     return f"content/{content.id}/original"
 
 
-async def publish_status(broker: EventBus | None, content: Content) -> None:
-    """After the status is committed: best effort (`publish_committed`)."""
-    # The id lets the subscribers of one change share its reads (`live.content_status`).
+async def publish_status(broker: EventBus | None, content: Content, was: str) -> None:
+    """After the move from status `was` to `content.status` is committed: best
+    effort (`publish_committed`)."""
+    # The id lets the subscribers of one change share its reads; `was` lets a
+    # stream that read the status tell a move from it from one that came
+    # before its read (`live.content_status`).
     event = {
         "kind": "content",
         "contentId": content.id,
         "status": content.status,
+        "was": was,
         "eventId": uuid.uuid4().hex,
     }
     await publish_committed(broker, [(content_channel(content.id), event)])
@@ -428,15 +432,15 @@ async def complete_upload(ctx: Context, content_id: str) -> Content:
         raise Conflict("the capsule is no longer SCHEDULED") from error
     ctx.loaders.forget(content.key)
     moved = replace(content, status=ContentStatus.PROCESSING)
-    await _to_pipeline(ctx, moved)
+    await _to_pipeline(ctx, moved, was=content.status)
     return moved
 
 
-async def _to_pipeline(ctx: Context, content: Content) -> None:
+async def _to_pipeline(ctx: Context, content: Content, was: str) -> None:
     # The hand-off first: it cannot fail, and the pipeline's claim is in the
     # table (a recovery pass finds the content PROCESSING if this process dies).
     ctx.services.pipeline.submit(content.id, content.author_id)
-    await publish_status(broker_of(ctx), content)
+    await publish_status(broker_of(ctx), content, was)
 
 
 async def retry_content(ctx: Context, content_id: str) -> Content:
@@ -469,7 +473,7 @@ async def retry_content(ctx: Context, content_id: str) -> Content:
         raise Conflict("the content changed meanwhile") from error
     ctx.loaders.remember(item)
     moved = Content.from_item(item)
-    await _to_pipeline(ctx, moved)
+    await _to_pipeline(ctx, moved, was=content.status)
     return moved
 
 
@@ -488,7 +492,7 @@ async def restore_content(ctx: Context, content_id: str) -> Content:
         raise Conflict("the content changed meanwhile") from error
     ctx.loaders.remember(item)
     restored = Content.from_item(item)
-    await publish_status(broker_of(ctx), restored)
+    await publish_status(broker_of(ctx), restored, was=content.status)
     return restored
 
 
@@ -505,7 +509,7 @@ async def mark_viewed(ctx: Context, content_id: str) -> Content:
         return reread or content
     ctx.loaders.remember(item)
     delivered = Content.from_item(item)
-    await publish_status(broker_of(ctx), delivered)
+    await publish_status(broker_of(ctx), delivered, was=content.status)
     return delivered
 
 

@@ -157,9 +157,11 @@ async def content_status(ctx: Context, content_id: str) -> AsyncGenerator[tuple[
     """The content as it is now, then again at every status change; with each
     change, what the viewer's rights on it depend on."""
     with ctx.services.metrics.subscription("contentStatusChanged"):
-        content, _ = await content_resolvers.readable_content(ctx, content_id)
-        viewer = await ctx.viewer_id()
+        # Subscribed before the first read: a move committed between the two
+        # is heard, where the other order would miss it for good.
         async with _broker(ctx).subscribe(content_channel(content_id)) as events:
+            content, _ = await content_resolvers.readable_content(ctx, content_id)
+            viewer = await ctx.viewer_id()
             yield content, None
             last = content.status
             async for event in events:
@@ -175,9 +177,12 @@ async def content_status(ctx: Context, content_id: str) -> AsyncGenerator[tuple[
                         if await content_resolvers.load_content(ctx, content_id) is None:
                             return  # deleted: the stream ends
                         continue  # no longer theirs to see
-                # The content may have moved on while this event travelled: report
-                # the move the event announces, so every state is seen in order.
-                status = str(event.get("status") or content.status)
+                # A move from the status last reported is reported as the event
+                # says, though the content may have moved on while it travelled,
+                # so that every state is seen in order. Any other event came
+                # before the first read, or after missed ones: the status as it
+                # is now says where the content is.
+                status = str(event["status"]) if event.get("was") == last else content.status
                 if status != last:
                     last = status
                     share = ("content", content.id, status, membership.role, viewer == content.author_id)

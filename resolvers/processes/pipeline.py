@@ -180,7 +180,7 @@ class Pipeline(LeasedJob):
             changes.update(leases.CLEARED)
         item = await self.table.update(content.transition(to, at, **changes))
         moved = Content.from_item(item)
-        await publish_status(self.broker, moved)
+        await publish_status(self.broker, moved, was=content.status)
         return moved
 
     async def _walk(self, content: Content, claimed: Item, workdir: Path, job: Job) -> None:

@@ -382,3 +382,71 @@ async def test_a_frame_the_turn_cannot_send_goes_back_to_its_own_stream(api: Api
         led = [viewer for viewer, task in pending.items() if task.done() and viewer != failing]
         assert len(led) == 1 and len(sent) == 1
         assert sorted([*led, failing, sent[0][0]]) == recipients
+
+
+async def test_a_move_committed_right_after_a_streams_first_read_is_heard(api: Api, monkeypatch: Any) -> None:
+    """The status stream listens before it reads: a move committed between its
+    first read and the moment it would otherwise start listening reaches it."""
+    family_id = await family_with_members(api, "ana", ["ben"])
+    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    table = api.table
+    read_once = table.batch_get
+    moved: list[bool] = []
+
+    async def read_then_move(keys_: Any) -> Any:
+        found = await read_once(keys_)
+        if not moved and keys.content(content_id) in list(keys_):
+            moved.append(True)
+            monkeypatch.undo()
+            await api.ok(
+                "mutation($id: ID!) { markContentViewed(contentId: $id) { status } }",
+                {"id": content_id},
+                as_="ben",
+            )
+        return found
+
+    monkeypatch.setattr(table, "batch_get", read_then_move)
+    document = f'subscription {{ contentStatusChanged(contentId: "{content_id}") {{ status }} }}'
+    async with stream(api, document, "ana") as events:
+        first = await events.__anext__()
+        assert moved, "the stream read the content some other way: this test no longer places the move"
+        assert first.data["contentStatusChanged"]["status"] == "READY"
+        then = await asyncio.wait_for(events.__anext__(), 30)
+        assert then.data["contentStatusChanged"]["status"] == "DELIVERED"
+
+
+async def test_moves_made_before_a_streams_first_read_are_not_reported_again(
+    api: Api, monkeypatch: Any
+) -> None:
+    """Moves committed after the stream listens but before its first read
+    arrive as events once it has read where they led: they are not reported
+    (the stream would otherwise step back, to DELIVERED after ARCHIVED); the
+    next move is."""
+    family_id = await family_with_members(api, "ana", ["ben"])
+    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    table = api.table
+    read_once = table.batch_get
+    moved: list[bool] = []
+
+    async def move_then_read(keys_: Any) -> Any:
+        if not moved and keys.content(content_id) in list(keys_):
+            moved.append(True)
+            monkeypatch.undo()
+            view = "mutation($id: ID!) { markContentViewed(contentId: $id) { status } }"
+            await api.ok(view, {"id": content_id}, as_="ben")  # READY -> DELIVERED
+            api.clock.advance(days=91)
+            assert await api.services.pipeline.archive_due(90) == 1  # -> ARCHIVED
+        return await read_once(keys_)
+
+    monkeypatch.setattr(table, "batch_get", move_then_read)
+    document = f'subscription {{ contentStatusChanged(contentId: "{content_id}") {{ status }} }}'
+    async with stream(api, document, "ana") as events:
+        first = await events.__anext__()
+        assert moved, "the stream read the content some other way: this test no longer places the moves"
+        assert first.data["contentStatusChanged"]["status"] == "ARCHIVED"
+        restore = "mutation($id: ID!) { restoreContent(contentId: $id) { status } }"
+        await api.ok(restore, {"id": content_id}, as_="ana")
+        then = await asyncio.wait_for(events.__anext__(), 30)
+        assert then.data["contentStatusChanged"]["status"] == "READY"
