@@ -11,18 +11,22 @@ else is parsed and validated by Strawberry as if there were no cache.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any
 
+from cachetools import LRUCache
 from graphql import DocumentNode, GraphQLError, SelectionSetNode, Visitor, parse, visit
 from strawberry.extensions import SchemaExtension
 
+from resolvers.core.caches import weighed_lru
 from resolvers.core.context import Context
 
 MAX_ENTRIES = 256
 MAX_CHARS = 1 << 20
 MAX_CACHED_CHARS = 16 * 1024
+
+# A parsed document, its validation errors by rules, and its text's length.
+_Parsed = tuple[DocumentNode, dict[Any, list[GraphQLError]], int]
 
 
 class Documents:
@@ -32,32 +36,34 @@ class Documents:
     def __init__(self, max_entries: int = MAX_ENTRIES, max_chars: int = MAX_CHARS) -> None:
         self.max_entries = max_entries
         self.max_chars = max_chars
-        self.chars = 0
-        self._entries: OrderedDict[tuple[str, str], tuple[DocumentNode, dict[Any, list[GraphQLError]]]] = (
-            OrderedDict()
+        # Each entry keeps its text's length, the weight the character bound counts.
+        self._entries: LRUCache[tuple[str, str], _Parsed] = weighed_lru(
+            max_entries, max_chars, lambda parsed: parsed[2]
         )
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(list(self._entries))
+
+    @property
+    def weight(self) -> int:
+        """What the character bound counts now (at most `max_chars`)."""
+        return int(self._entries.currsize)
+
     def get(self, key: tuple[str, str]) -> tuple[DocumentNode, dict[Any, list[GraphQLError]]] | None:
         found = self._entries.get(key)
-        if found is not None:
-            self._entries.move_to_end(key)
-        return found
+        return None if found is None else (found[0], found[1])
 
     def put(self, key: tuple[str, str], document: DocumentNode) -> dict[Any, list[GraphQLError]]:
         validated: dict[Any, list[GraphQLError]] = {}
-        self._entries[key] = (document, validated)
-        self.chars += len(key[0])
-        while len(self._entries) > self.max_entries or self.chars > self.max_chars:
-            (text, _), _ = self._entries.popitem(last=False)
-            self.chars -= len(text)
+        if len(key[0]) <= self.max_chars:
+            self._entries[key] = (document, validated, len(key[0]))
         return validated
 
     def clear(self) -> None:
         self._entries.clear()
-        self.chars = 0
 
 
 # One per process, shared by every request (as Strawberry's caches are).

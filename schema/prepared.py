@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Collection, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, cast
 
+from cachetools import LRUCache
 from graphql import DocumentNode, GraphQLError, GraphQLSchema, execute, subscribe, validate
 from graphql import ExecutionResult as GraphQLExecutionResult
 from graphql.validation import NoSchemaIntrospectionCustomRule
@@ -51,6 +51,7 @@ from strawberry.types.graphql import OperationType
 from strawberry.utils.await_maybe import await_maybe
 
 from resolvers.core import logs
+from resolvers.core.caches import lru
 from resolvers.core.context import Context
 from resolvers.core.metrics import Metrics
 from schema import cost
@@ -80,7 +81,7 @@ class PreparedOperations:
 
     def __init__(self, max_entries: int = MAX_ENTRIES) -> None:
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[str, str | None], Prepared] = OrderedDict()
+        self._entries: LRUCache[tuple[str, str | None], Prepared] = lru(max_entries)
         self.runs = 0  # operations run prepared (tests read it)
 
     def __len__(self) -> int:
@@ -91,9 +92,6 @@ class PreparedOperations:
 
     def add(self, query: str, operation_name: str | None, prepared: Prepared) -> None:
         self._entries[query, operation_name] = prepared
-        self._entries.move_to_end((query, operation_name))
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
 
     def find(
         self,
@@ -114,7 +112,6 @@ class PreparedOperations:
             or query in context.documents_to_register
         ):
             return None
-        self._entries.move_to_end((query, operation_name))
         return found
 
 

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from cachetools import LRUCache
+
 from resolvers.core import idempotency, logs
 from resolvers.core.auth import Claims, TokenExpired, bearer_token
+from resolvers.core.caches import lru
 from resolvers.core.errors import ApiError, Unauthenticated
 from resolvers.core.loaders import Loaders
 from resolvers.core.ports import ContextServices
@@ -33,19 +35,14 @@ class KnownUsers:
     check costs one read per user per process, not one per request."""
 
     def __init__(self, capacity: int = 100_000) -> None:
-        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._ids: LRUCache[str, bool] = lru(capacity)
         self.capacity = capacity
 
     def __contains__(self, user_id: str) -> bool:
-        if user_id in self._ids:
-            self._ids.move_to_end(user_id)
-            return True
-        return False
+        return self._ids.get(user_id, False)  # a look-up that keeps the id recent
 
     def add(self, user_id: str) -> None:
-        self._ids[user_id] = None
-        if len(self._ids) > self.capacity:
-            self._ids.popitem(last=False)
+        self._ids[user_id] = True
 
     def discard(self, user_id: str) -> None:
         """Forgets one person (their account was deleted): their next request

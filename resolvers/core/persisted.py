@@ -25,12 +25,14 @@ import hashlib
 import json
 import logging
 import re
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from cachetools import LRUCache
+
+from resolvers.core.caches import lru
 from resolvers.core.errors import BadInput, PersistedQueryNotFound, PersistedQueryNotInList, RateLimited
 from resolvers.core.ratelimit import RateLimiter
 from store import keys
@@ -221,7 +223,7 @@ class PersistedDocuments:
         self.refresh_after = refresh_after
         self.cache_size = cache_size
         # hash -> (document, when its item expires), most recently used last
-        self._cache: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._cache: LRUCache[str, tuple[str, int]] = lru(cache_size)
 
     def _now(self) -> int:
         return int(self.clock().timestamp())
@@ -232,15 +234,9 @@ class PersistedDocuments:
 
     def _remember(self, hash_: str, body: str, expires_at: int) -> None:
         self._cache[hash_] = (body, expires_at)
-        self._cache.move_to_end(hash_)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
 
     def _cached(self, hash_: str) -> tuple[str, int] | None:
-        found = self._cache.get(hash_)
-        if found is not None:
-            self._cache.move_to_end(hash_)
-        return found
+        return self._cache.get(hash_)
 
     async def resolve(
         self, query: str | None, extensions: object, unlisted_allowed: Callable[[str], bool] = _never
