@@ -21,8 +21,20 @@ from typing import Any
 
 import pytest
 
+from resolvers.core.auth import mint_token
+
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "test-secret-" + "x" * 32
+
+
+def token(user: str, *, email: bool = False, **claims: Any) -> str:
+    """A bearer token for `user`, signed with the servers' secret: their given
+    name is their id capitalised unless `claims` say otherwise; with `email`,
+    an address at example.org."""
+    claims.setdefault("given_name", user.capitalize())
+    if email:
+        claims.setdefault("email", f"{user}@example.org")
+    return mint_token(SECRET, user, **claims)
 
 
 def free_port() -> int:

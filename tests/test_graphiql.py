@@ -12,7 +12,6 @@ from urllib.parse import quote, urlencode
 import httpx
 from graphql import DocumentNode, OperationDefinitionNode, parse, print_ast, validate
 
-from resolvers.core.auth import mint_token
 from schema import schema
 from schema.graphiql import DEFAULT_QUERY, EXAMPLES
 from tests.browser import (
@@ -25,16 +24,12 @@ from tests.browser import (
     run_graphiql_query,
     tab_titles,
 )
-from tests.servers import ROOT, SECRET, ServerProcess, without_cost
+from tests.servers import ROOT, ServerProcess, token, without_cost
 
 ME = "query Me {\n  me { id givenName }\n  myFamilies { role family { name } }\n}\n"
 # GraphiQL's own WebSocket client retried a refused socket for about half a minute before it
 # showed anything; an answer must come well before that.
 REFUSAL_MS = 10_000
-
-
-def token(user: str) -> str:
-    return mint_token(SECRET, user, given_name=user.capitalize())
 
 
 def link(server: ServerProcess, **parameters: str) -> str:

@@ -5,6 +5,7 @@ DynamoDB (moto_server) with Redis across two processes."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -13,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from resolvers.core.auth import mint_token
 from store.dynamodb import DynamoTable
 from tests.factories import capsule_rows, family_rows
 from tests.js_clients import GraphqlWs
 from tests.servers import SECRET, ServerProcess, subscriptions_running, until
+from tests.servers import token as person_token
 from tests.test_live import capsule_for, http, make_family, upload
 from tests.test_unlocks import (  # noqa: F401  (fixtures)
     SHARDS,
@@ -33,8 +34,8 @@ CAPSULES = "subscription($after: ID) { capsuleUnlocked(after: $after) { id capsu
 LIST = "{ notifications(first: 50) { edges { node { id type capsule { id } } } } }"
 
 
-def token(user: str) -> str:
-    return mint_token(SECRET, user, given_name=user.capitalize(), email=f"{user}@example.org")
+# Every person here has an address: mail is part of what these tests follow.
+token = functools.partial(person_token, email=True)
 
 
 @pytest.fixture(params=["sqlite", "dynamodb"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -20,13 +21,12 @@ from gql.transport.httpx import HTTPXAsyncTransport
 from gql.transport.websockets import WebsocketsTransport
 from websockets.typing import Subprotocol
 
-from resolvers.core.auth import mint_token
 from tests import media_factory
-from tests.servers import SECRET, ServerProcess, metric_total, until
+from tests.servers import ServerProcess, metric_total, until
+from tests.servers import token as person_token
 
-
-def token(user: str) -> str:
-    return mint_token(SECRET, user, given_name=user.capitalize(), email=f"{user}@example.org")
+# Every person here has an address: mail is part of what these tests follow.
+token = functools.partial(person_token, email=True)
 
 
 def ws_client(server: ServerProcess, user: str | None, legacy: bool = False) -> Client:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -34,7 +35,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import create_app
 from resolvers.core import logs
-from resolvers.core.auth import mint_token
 from resolvers.core.config import Settings
 from resolvers.core.metrics import OPERATION_CAP, Metrics, channel_kind
 from resolvers.domain.families import INVITE_ALPHABET, new_invite_code
@@ -43,12 +43,13 @@ from store.sqlite import SqliteTable
 from tests.api.conftest import Api, running_api
 from tests.factories import family_with_members, settle, upload
 from tests.servers import SECRET, ServerProcess, free_port, until, without_cost
+from tests.servers import token as person_token
 
 # Helpers ---------------------------------------------------------------------------------
 
 
-def token(user: str) -> str:
-    return mint_token(SECRET, user, given_name=user.capitalize(), email=f"{user}@example.org")
+# Every person here has an address: mail is part of what these tests follow.
+token = functools.partial(person_token, email=True)
 
 
 class Samples:

@@ -19,9 +19,8 @@ import websockets
 from playwright.async_api import async_playwright
 from websockets.typing import Subprotocol
 
-from resolvers.core.auth import mint_token
 from tests.browser import CHROMIUM, CHROMIUM_ARGS
-from tests.servers import SECRET, ServerProcess, free_port
+from tests.servers import SECRET, ServerProcess, free_port, token
 
 APP = "http://app.example"
 DEV_SERVER = "http://localhost:3000"
@@ -31,10 +30,6 @@ FRONTEND_HEADERS = (
     "apollo-require-preflight, x-apollo-operation-name"
 )
 TRANSPORT_WS = [Subprotocol("graphql-transport-ws")]
-
-
-def token(user: str) -> str:
-    return mint_token(SECRET, user, given_name=user.capitalize())
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,10 @@ import pytest
 import websockets
 
 from resolvers.core.auth import mint_token
-from tests.servers import SECRET, ServerProcess, engine_env, until, without_cost
+from tests.servers import SECRET, ServerProcess, engine_env, token, until, without_cost
 
 GRAPHQL_TRANSPORT_WS = "graphql-transport-ws"
 LEGACY_WS = "graphql-ws"
-
-
-def token(user: str, **claims: Any) -> str:
-    claims.setdefault("given_name", user.capitalize())
-    return mint_token(SECRET, user, **claims)
 
 
 @pytest.fixture(params=["sqlite", "dynamodb"])

@@ -22,7 +22,6 @@ import httpx
 import pytest
 import websockets
 
-from resolvers.core.auth import mint_token
 from resolvers.core.config import Settings
 from tests.factories import capsule_rows, family_rows
 from tests.servers import (
@@ -32,6 +31,7 @@ from tests.servers import (
     metric_total,
     server_table,
     subscriptions_running,
+    token,
     until,
 )
 
@@ -60,10 +60,6 @@ SLOW_DOCUMENT = (
     + " } } }"
 )
 NORMAL_DOCUMENT = "subscription { capsuleUnlocked { id capsule { id title } } }"
-
-
-def token(user: str) -> str:
-    return mint_token(SECRET, user, given_name=user)
 
 
 @pytest.fixture(params=["sqlite", "dynamodb"])

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.servers import SECRET, ServerProcess
+from tests.servers import SECRET, ServerProcess, token
 from tests.test_transports import (
     LEGACY_WS,
     MULTIPART,
@@ -29,7 +29,6 @@ from tests.test_transports import (
     next_result,
     no_traceback,
     sse_results,
-    token,
 )
 
 PER_PERSON = 4

@@ -24,7 +24,7 @@ from gql.transport.websockets import WebsocketsTransport
 from websockets.typing import Subprotocol
 
 from resolvers.core.auth import mint_token
-from tests.servers import SECRET, ServerProcess, metric_total, until, without_cost
+from tests.servers import SECRET, ServerProcess, metric_total, token, until, without_cost
 from tests.test_live import make_family, upload
 
 TRANSPORT_WS = Subprotocol("graphql-transport-ws")
@@ -33,11 +33,6 @@ STATUS = "subscription($id: ID!) { contentStatusChanged(contentId: $id) { status
 SSE = {"Accept": "text/event-stream"}
 MULTIPART = {"Accept": 'multipart/mixed; subscriptionSpec="1.0", application/json'}
 WAIT = 30  # seconds; bounds a failure only
-
-
-def token(user: str, **claims: Any) -> str:
-    claims.setdefault("given_name", user.capitalize())
-    return mint_token(SECRET, user, **claims)
 
 
 def bearer(user: str, **claims: Any) -> dict[str, str]:
