@@ -33,6 +33,9 @@ class CountingTable:
         self.calls: Counter[str] = Counter()
         self.budget_calls: Counter[str] = Counter()
         self.round_trips = 0
+        # Items written, as DynamoDB charges them: a write unit per item (of up
+        # to 1 KB) written alone, two per item of a transaction.
+        self.write_units = 0
         self._answered_depth = 0
         # Bumped by each reset: a call that started before it (background work still
         # in flight, on a slow machine) is not counted and moves no depth after it.
@@ -50,6 +53,7 @@ class CountingTable:
         self.calls.clear()
         self.budget_calls.clear()
         self.round_trips = 0
+        self.write_units = 0
         self._answered_depth = 0
         self.trace.clear()
 
@@ -106,19 +110,23 @@ class CountingTable:
         )
 
     async def put(self, item: Item, condition: Condition | None = None) -> None:
+        self.write_units += 1
         await self._count("put", lambda: self.inner.put(item, condition), _keys([(item["PK"], item["SK"])]))
 
     async def update(self, update: Update) -> Item:
         if is_budget(update.key):
             self.budget_calls["update"] += 1
             return await self.inner.update(update)
+        self.write_units += 1
         return await self._count("update", lambda: self.inner.update(update), _keys([update.key]))
 
     async def delete(self, key: Key, condition: Condition | None = None) -> Item | None:
+        self.write_units += 1
         return await self._count("delete", lambda: self.inner.delete(key, condition), _keys([key]))
 
     async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
         puts, deletes = list(puts), list(deletes)
+        self.write_units += len(puts) + len(deletes)
         await self._count(
             "batch_write",
             lambda: self.inner.batch_write(puts, deletes),
@@ -127,6 +135,7 @@ class CountingTable:
 
     async def transact(self, ops: Sequence[WriteOp]) -> None:
         ops = list(ops)
+        self.write_units += 2 * len(ops)
         await self._count("transact", lambda: self.inner.transact(ops), _keys([op_key(op) for op in ops]))
 
     async def ping(self) -> None:

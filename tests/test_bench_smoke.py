@@ -41,7 +41,12 @@ MEASURES_STARTING: dict[int, tuple[str, ...]] = {
         for implementation in ("websockets", "websockets-sansio", "wsproto")
         for deflate in ("off", "on")
     ),
-    4: ("embedded store:", "DynamoDB (moto_server)"),
+    4: (
+        "embedded store:",
+        "DynamoDB (moto_server)",
+        "  write units per capsule",
+        "  the server's CPU per capsule on DynamoDB",
+    ),
     6: (
         "full collection with",
         "/healthz p50 / p99 (ms): (e) 60 slow readers beside 30 normal subscribers, SQLite",
