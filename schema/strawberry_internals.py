@@ -1,10 +1,13 @@
 """Strawberry's internals: everything of Strawberry's we use beyond its public API.
 
-What we need past Strawberry's public API is here and nowhere else: the names
-of its non-public modules, re-exported, and its private attributes (a
-schema's graphql-core schema, an `Info`'s graphql-core info, ...) behind
-small typed functions. The rest of the code names these, never Strawberry's
-modules or underscored names.
+Strawberry's public API is what its packages export (docs/decisions.md,
+"Strawberry's public API, and its internals in one module"). What we need
+past it is here and nowhere else: the names of its non-public modules,
+re-exported, and its private attributes (a schema's graphql-core schema, an
+`Info`'s graphql-core info, ...) behind small typed functions. The rest of
+the code names these, never Strawberry's modules or underscored names:
+pyproject.toml's import-linter contract refuses the modules to every other
+module of ours, and tests/test_layers.py the private names.
 
 Each use is checked against the installed Strawberry by
 tests/test_strawberry_internals.py, which names this file when an upgrade
