@@ -11,7 +11,9 @@ module of ours, and tests/test_layers.py the private names.
 
 Each use is checked against the installed Strawberry by
 tests/test_strawberry_internals.py, which names this file when an upgrade
-changes one.
+changes one; pyproject.toml holds Strawberry and graphql-core to the minor
+versions this was written for (`./dev upgrade` re-pins within them and runs
+every test).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """schema/strawberry_internals.py against the installed Strawberry: each of
 Strawberry's internals it names, called the way our code calls it. When an
 upgrade changes one, the test says so, naming the seam, so that the seam is
-adapted there rather than its users.
+adapted there rather than its users (`./dev upgrade` runs this with the rest).
 """
 
 from __future__ import annotations
