@@ -16,6 +16,7 @@ from graphql import ExecutionResult, parse
 
 from schema import schema
 from schema.multiplex import Plan, _copy_for, plan_for
+from schema.strawberry_internals import core_schema
 
 # The way tried and measured: one shared result encoded once, each subscriber's
 # event id joined into the shared bytes (not kept: see bench/NOTES.md).
@@ -129,7 +130,7 @@ def per_subscriber(step: object, n: int = 20_000) -> float:
 
 def main() -> None:
     for name, document, large in (("small selection", SMALL, False), ("every shareable field", LARGE, True)):
-        plan = plan_for(schema._schema, parse(document).definitions[0])  # type: ignore[arg-type]
+        plan = plan_for(core_schema(schema), parse(document).definitions[0])  # type: ignore[arg-type]
         assert plan is not None
         shared = ExecutionResult(data=payload(large))
         assert shared.data is not None

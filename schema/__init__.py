@@ -17,9 +17,7 @@ from strawberry.extensions import (
     QueryDepthLimiter,
     SchemaExtension,
 )
-from strawberry.schema.schema import DEFAULT_ALLOWED_OPERATION_TYPES
 from strawberry.types import ExecutionResult
-from strawberry.types.graphql import OperationType
 
 from resolvers.core import idempotency, logs
 from resolvers.core.context import Context
@@ -38,6 +36,7 @@ from schema.persisted import IntrospectionGate, RegisterPersisted
 from schema.prepared import Prepare, PreparedOperations
 from schema.query import Query
 from schema.resolving import call_directly
+from schema.strawberry_internals import DEFAULT_ALLOWED_OPERATION_TYPES, OperationType
 from schema.subscription import Subscription
 
 MAX_DEPTH = 12

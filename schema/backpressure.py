@@ -37,8 +37,8 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect
-from strawberry.http.async_base_view import AsyncWebSocketAdapter
-from strawberry.http.exceptions import WebSocketDisconnected
+
+from schema.strawberry_internals import AsyncWebSocketAdapter, WebSocketDisconnected
 
 log = logging.getLogger("mifamilias.transport")
 

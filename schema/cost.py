@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from graphql import (
     FieldNode,
@@ -60,7 +60,6 @@ from graphql import (
 from graphql.execution.values import VariableValues, get_argument_values, get_variable_values
 from graphql.utilities import get_operation_ast
 from strawberry.extensions import SchemaExtension
-from strawberry.types.graphql import OperationType
 
 from resolvers.core.context import Context
 from resolvers.core.errors import ApiError, BadInput
@@ -71,6 +70,7 @@ from resolvers.domain.capsules import MAX_RECIPIENTS
 from resolvers.domain.tags import MAX_TAGS
 from resolvers.processes import live
 from schema.guard import refuse
+from schema.strawberry_internals import OperationType, core_schema, raw_info
 from store.port import StoreError
 
 log = logging.getLogger("mifamilias.cost")
@@ -324,16 +324,16 @@ def settle_event(schema: GraphQLSchema, document: Any, operation_name: str | Non
 
 def event_actual_cost(info: Any) -> Callable[[Any], int]:
     """What one event's answer `data` of the subscription `info` resolves cost."""
-    raw = info._raw_info
-    root = raw.schema.subscription_type
+    raw = raw_info(info)
+    root = cast(GraphQLObjectType, raw.schema.subscription_type)  # a subscription's info
     return lambda data: Actual(raw.schema, raw.fragments).objects([raw.operation.selection_set], root, data)
 
 
 def event_cost(info: Any) -> int:
     """What one event of the subscription `info` resolves costs: its selection,
     estimated with the operation's coerced variables (at least 1)."""
-    raw = info._raw_info
-    root = raw.schema.subscription_type
+    raw = raw_info(info)
+    root = cast(GraphQLObjectType, raw.schema.subscription_type)  # a subscription's info
     found = Estimate(raw.schema, raw.fragments, raw.variable_values)
     return max(1, found.selection(raw.operation.selection_set, root, 1, None))
 
@@ -480,7 +480,7 @@ class QueryCost(SchemaExtension):
         execution_context = self.execution_context
         context = execution_context.context
         document = execution_context.graphql_document
-        graphql_schema = execution_context.schema._schema
+        graphql_schema = core_schema(execution_context.schema)
         if isinstance(context, Context) and document is not None and execution_context.result is None:
             admitted = await admit(
                 context,
@@ -516,7 +516,7 @@ class QueryCost(SchemaExtension):
         execution_context = self.execution_context
         if execution_context.graphql_document is not None:
             settle_event(
-                execution_context.schema._schema,
+                core_schema(execution_context.schema),
                 execution_context.graphql_document,
                 execution_context.operation_name,
                 getattr(result, "data", None),

@@ -133,7 +133,7 @@ class DocumentCache(SchemaExtension):
         key = _key(execution_context)
         found = documents.get(key) if key is not None else None
         if found is not None and found[0] is execution_context.graphql_document:
-            from strawberry.schema.schema import validate_document
+            from schema.strawberry_internals import core_schema, validate_document
 
             document, validated = found
             rules = (id(execution_context.schema), tuple(execution_context.validation_rules))
@@ -141,7 +141,7 @@ class DocumentCache(SchemaExtension):
                 if len(validated) >= 4:
                     validated.clear()  # the rules are fixed per schema: a few at most
                 validated[rules] = validate_document(
-                    execution_context.schema._schema, document, execution_context.validation_rules
+                    core_schema(execution_context.schema), document, execution_context.validation_rules
                 )
             execution_context.pre_execution_errors = validated[rules]
         yield

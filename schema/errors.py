@@ -9,9 +9,9 @@ from typing import Any
 
 from graphql import GraphQLError
 from strawberry.extensions import SchemaExtension
-from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
 
 from resolvers.core.errors import ApiError, unavailable
+from schema.strawberry_internals import REQUEST_ERRORS
 from store.port import StoreUnavailable
 
 log = logging.getLogger("mifamilias.errors")
@@ -58,7 +58,7 @@ def to_client_error(error: GraphQLError, request_id: str) -> GraphQLError:
             "the service's store did not answer in time", outcome_known=original.outcome_known
         )
         return _relabel(error, found.message, {"code": found.code, **found.extensions})
-    if isinstance(original, InvalidOperationTypeError | CannotGetOperationTypeError):
+    if isinstance(original, REQUEST_ERRORS):
         # An operation this transport does not carry (a query over multipart
         # subscriptions, a mutation over GET), or an unknown operation name.
         return _relabel(error, error.message, {"code": "BAD_USER_INPUT"})

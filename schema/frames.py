@@ -37,6 +37,7 @@ from graphql import ExecutionResult
 
 from schema.cost import event_actual_cost
 from schema.multiplex import SHARED, Plan, class_key, plan_for, variables_key
+from schema.strawberry_internals import raw_info
 
 # Stands for each subscriber's event id in a class's encoded data.
 _EVENT_ID = "\x00mifamilias-event-id\x00"
@@ -225,12 +226,12 @@ def sink_for(info: Any) -> FrameSink | None:
     found = target.get()
     if found is None:
         return None
-    raw = info._raw_info
+    raw = raw_info(info)
     plan = plan_for(raw.schema, raw.operation)
     if plan is None:
         return None
     # A dict of coerced values where the source stream is created; graphql-core's
     # `VariableValues` (the same values, `.coerced`) where an event executes.
-    variables = raw.variable_values
+    variables: Any = raw.variable_values
     counted = functools.partial(info.context.services.metrics.shared_frame, info.field_name)
     return FrameSink(found, plan, getattr(variables, "coerced", variables), counted, event_actual_cost(info))

@@ -33,12 +33,11 @@ from graphql import (
 from graphql import ExecutionResult as GraphQLExecutionResult
 from graphql.utilities import get_operation_ast
 from strawberry.extensions import SchemaExtension
-from strawberry.schema.schema import StrawberryGraphQLCoreExecutionContext
-from strawberry.types.graphql import OperationType
 
 from resolvers.core.context import Context
 from resolvers.core.errors import ApiError
 from resolvers.domain import access
+from schema.strawberry_internals import OperationType, StrawberryGraphQLCoreExecutionContext
 
 
 def _only_introspection(selection_set: SelectionSetNode, fragments: dict[str, Any], depth: int = 0) -> bool:

@@ -21,17 +21,18 @@ from types import TracebackType
 from typing import Any
 
 from strawberry.extensions import SchemaExtension
-from strawberry.extensions.context import (
+from strawberry.types import StreamExecutionResult
+
+from schema.strawberry_internals import (
     ExecutingContextManager,
     ExtensionContextManagerBase,
     OperationContextManager,
     ParsingContextManager,
+    SchemaExtensionsRunner,
     StreamResultContextManager,
     ValidationContextManager,
     WrappedHook,
 )
-from strawberry.extensions.runner import SchemaExtensionsRunner
-from strawberry.types import StreamExecutionResult
 
 # (class, hook name) -> (a function making the hook's context manager from an
 # instance, whether it is async), or None where the class has no such hook.

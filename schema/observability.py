@@ -26,23 +26,19 @@ from typing import TYPE_CHECKING, Any
 
 from graphql import DocumentNode, OperationDefinitionNode
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from strawberry.extensions import LifecycleStep, SchemaExtension
-from strawberry.extensions.tracing import OpenTelemetryExtension
-from strawberry.schema.exceptions import CannotGetOperationTypeError, InvalidOperationTypeError
+from strawberry.extensions import SchemaExtension
 
 from resolvers.core import logs
 from resolvers.core.context import Context
 from resolvers.core.metrics import ANONYMOUS, OTHER, Metrics
+from schema.strawberry_internals import REQUEST_ERRORS, OpenTelemetryBase
 
 if TYPE_CHECKING:
     from graphql import GraphQLResolveInfo
     from opentelemetry.trace import Tracer
-    from strawberry.types.execution import ExecutionContext
+    from strawberry.types import ExecutionContext
 
 log = logging.getLogger("mifamilias.graphql")
-
-# What the schema raises for a request that names no runnable operation.
-REQUEST_ERRORS = (CannotGetOperationTypeError, InvalidOperationTypeError)
 
 
 # The request --------------------------------------------------------------------------
@@ -278,15 +274,11 @@ class OperationMetrics(OperationLog):
 _SAFE_ARGUMENT = re.compile(r"^(id|ids|first|last|after|before)$|Ids?$")
 
 
-class Tracing(OpenTelemetryExtension):
+class Tracing(OpenTelemetryBase):
     def __init__(self, *, execution_context: ExecutionContext | None = None) -> None:
         from opentelemetry.trace import NoOpTracer
 
-        self._arg_filter = None
-        self._span_holder = {}
-        self._tracer = NoOpTracer()
-        if execution_context is not None:
-            self.execution_context = execution_context
+        super().__init__(NoOpTracer(), execution_context=execution_context)
 
     def filter_resolver_args(self, args: dict[str, Any], info: GraphQLResolveInfo[Any]) -> dict[str, Any]:
         return {name: value for name, value in args.items() if _SAFE_ARGUMENT.search(name)}
@@ -295,9 +287,9 @@ class Tracing(OpenTelemetryExtension):
         context = self.execution_context.context
         tracer = context.services.tracer if isinstance(context, Context) else None
         if tracer is not None:
-            self._tracer = tracer
-        span = self._tracer.start_span("GraphQL operation", attributes={"component": "graphql"})
-        self._span_holder[LifecycleStep.OPERATION] = span
+            self.tracer = tracer
+        span = self.tracer.start_span("GraphQL operation", attributes={"component": "graphql"})
+        self.hold_operation_span(span)
         try:
             yield
         finally:

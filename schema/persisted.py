@@ -16,13 +16,12 @@ from graphql import (
     validate,
 )
 from strawberry.extensions import SchemaExtension
-from strawberry.extensions.max_aliases import create_validator as alias_validator
-from strawberry.extensions.query_depth_limiter import create_validator as depth_validator
 
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput
 from resolvers.core.persisted import ManifestEntry, sha256_hex
 from schema.guard import document_is_introspection, refuse
+from schema.strawberry_internals import aliases_rule, core_schema, depth_rule
 
 INTROSPECTION_OFF = "introspection is turned off on this server (MIFAMILIAS_ALLOW_INTROSPECTION)"
 
@@ -71,7 +70,7 @@ class IntrospectionGate(SchemaExtension):
             and document is not None
             and execution_context.result is None
             and not context.services.settings.introspection_allowed
-            and validate(execution_context.schema._schema, document, [NoSchemaIntrospectionCustomRule])
+            and validate(core_schema(execution_context.schema), document, [NoSchemaIntrospectionCustomRule])
         ):
             error = BadInput(INTROSPECTION_OFF)
             refuse(execution_context, GraphQLError(error.message, original_error=error))
@@ -89,7 +88,7 @@ def _problems(entry: ManifestEntry, max_cost: int) -> list[str]:
     from schema import MAX_ALIASES, MAX_DEPTH, MAX_TOKENS, schema
     from schema.cost import estimate_cost
 
-    graphql_schema = schema._schema
+    graphql_schema = core_schema(schema)
     found = []
     if (
         len(entry.id) == 64
@@ -101,7 +100,7 @@ def _problems(entry: ManifestEntry, max_cost: int) -> list[str]:
         document = parse(entry.body, max_tokens=MAX_TOKENS)
     except GraphQLError as error:
         return [*found, error.message]
-    rules = [*specified_rules, depth_validator(MAX_DEPTH, None), alias_validator(MAX_ALIASES)]
+    rules = [*specified_rules, depth_rule(MAX_DEPTH), aliases_rule(MAX_ALIASES)]
     errors = validate(graphql_schema, document, rules)
     if errors:
         return [*found, *(error.message for error in errors)]

@@ -40,15 +40,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from cachetools import LRUCache
-from graphql import DocumentNode, GraphQLError, GraphQLSchema, execute, subscribe, validate
+from graphql import DocumentNode, GraphQLError, execute, subscribe, validate
 from graphql import ExecutionResult as GraphQLExecutionResult
 from graphql.validation import NoSchemaIntrospectionCustomRule
-from strawberry.execution import optimized_is_awaitable
 from strawberry.extensions import SchemaExtension
 from strawberry.types import ExecutionResult
-from strawberry.types.execution import PreExecutionError
-from strawberry.types.graphql import OperationType
-from strawberry.utils.await_maybe import await_maybe
 
 from resolvers.core import logs
 from resolvers.core.caches import lru
@@ -59,6 +55,14 @@ from schema.caching import set_cache_headers
 from schema.documents import MAX_CACHED_CHARS, MAX_ENTRIES
 from schema.errors import relabel_all
 from schema.observability import count_errors, label_of
+from schema.strawberry_internals import (
+    OperationType,
+    PreExecutionError,
+    await_maybe,
+    core_schema,
+    optimized_is_awaitable,
+    provided_operation_name,
+)
 
 RUNNABLE = (OperationType.QUERY, OperationType.MUTATION)  # by `run`
 PREPARED = (*RUNNABLE, OperationType.SUBSCRIPTION)  # `stream` runs the last
@@ -139,14 +143,14 @@ class Prepare(SchemaExtension):
         ):
             return
         operation_type = execution_context.operation_type
-        graphql_schema: GraphQLSchema = execution_context.schema._schema
+        graphql_schema = core_schema(execution_context.schema)
         if operation_type not in PREPARED or validate(
             graphql_schema, document, [NoSchemaIntrospectionCustomRule]
         ):
             return
         # The name as the request sent it (None picks the document's only
         # operation): what the next request is looked up by.
-        sent = getattr(execution_context, "_provided_operation_name", execution_context.operation_name)
+        sent = provided_operation_name(execution_context)
         table.add(
             query,
             sent,
@@ -191,7 +195,7 @@ async def run(schema: Any, prepared: Prepared, call: Call, *, counted: bool) -> 
     around its execution, in their order."""
     metrics, label = _begin(prepared, call, counted=counted)
     context, variables = call.context, call.variables
-    graphql_schema: GraphQLSchema = schema._schema
+    graphql_schema = core_schema(schema)
     try:
         started = time.perf_counter()
         try:
@@ -259,7 +263,7 @@ async def stream(
     def failed(error: Exception) -> ExecutionResult:
         return answer(GraphQLExecutionResult(data=None, errors=[_coerced(error)]))
 
-    graphql_schema: GraphQLSchema = schema._schema
+    graphql_schema = core_schema(schema)
     try:
         admitted = await cost.admit(
             context, graphql_schema, prepared.document, prepared.name, variables, prepared.operation_type

@@ -25,8 +25,14 @@ from typing import Any
 
 import strawberry
 from graphql import GraphQLNonNull, GraphQLObjectType, GraphQLScalarType, GraphQLType
-from strawberry.schema.schema_converter import GraphQLCoreConverter
-from strawberry.types.field import StrawberryField
+
+from schema.strawberry_internals import (
+    StrawberryField,
+    core_schema,
+    has_exception_handlers,
+    info_maker,
+    strawberry_field,
+)
 
 
 def _plain_scalar(type_: GraphQLType) -> bool:
@@ -40,7 +46,7 @@ def _direct(schema: strawberry.Schema, field: StrawberryField, graphql_args: dic
     resolver = field.base_resolver
     if resolver is None or field.extensions or field.permission_classes:
         return None
-    if schema.schema_converter._get_field_exception_handlers(field):
+    if has_exception_handlers(schema, field):
         return None
     if resolver.parent_parameter is not None or resolver.root_parameter is not None:
         return None
@@ -53,7 +59,7 @@ def _direct(schema: strawberry.Schema, field: StrawberryField, graphql_args: dic
     call: Callable[..., Any] = resolver.wrapped_func  # type: ignore[assignment]  # a function here
     takes_self = resolver.self_parameter is not None
     info_name = resolver.info_parameter.name if resolver.info_parameter is not None else None
-    make_info = schema.config.info_class
+    make_info = info_maker(schema, field)
     renamed = {graphql: python for graphql, python in names.items() if graphql != python}
 
     if info_name is None and not graphql_args and takes_self:
@@ -67,7 +73,7 @@ def _direct(schema: strawberry.Schema, field: StrawberryField, graphql_args: dic
         if renamed:
             kwargs = {renamed.get(name, name): value for name, value in kwargs.items()}
         if info_name is not None:
-            kwargs[info_name] = make_info(_raw_info=info, _field=field)
+            kwargs[info_name] = make_info(info)
         return call(source, **kwargs) if takes_self else call(**kwargs)
 
     return resolve
@@ -76,14 +82,14 @@ def _direct(schema: strawberry.Schema, field: StrawberryField, graphql_args: dic
 def call_directly(schema: strawberry.Schema) -> int:
     """Gives every field it can a direct resolver; returns how many it changed."""
     changed = 0
-    graphql_schema = schema._schema
+    graphql_schema = core_schema(schema)
     skipped = {graphql_schema.subscription_type}  # a subscription's root fields subscribe
     for type_ in graphql_schema.type_map.values():
         if not isinstance(type_, GraphQLObjectType) or type_ in skipped or type_.name.startswith("__"):
             continue
         for graphql_field in type_.fields.values():
-            field = (graphql_field.extensions or {}).get(GraphQLCoreConverter.DEFINITION_BACKREF)
-            if not isinstance(field, StrawberryField):
+            field = strawberry_field(graphql_field)
+            if field is None:
                 continue
             resolve = _direct(schema, field, dict(graphql_field.args))
             if resolve is not None:

@@ -23,11 +23,11 @@ from contextlib import aclosing
 from typing import Any
 
 from graphql import GraphQLError
-from strawberry.http.streaming import HTTPStreamTransport, MultipartSubscriptionTransport, SSETransport
 from strawberry.subscriptions import GRAPHQL_SSE_PROTOCOL, MULTIPART_SUBSCRIPTION_PROTOCOL
 from strawberry.types import ExecutionResult
 
 from resolvers.core.auth import TokenExpired
+from schema.strawberry_internals import HTTPStreamTransport, MultipartSubscriptionTransport, SSETransport
 
 # As the view's `subscription_protocols` name them, and as a request's data does.
 PROTOCOLS = (GRAPHQL_SSE_PROTOCOL, MULTIPART_SUBSCRIPTION_PROTOCOL)

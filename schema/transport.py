@@ -50,15 +50,13 @@ from strawberry.asgi import GraphQL
 from strawberry.exceptions import ConnectionRejectionError
 from strawberry.http import GraphQLRequestData
 from strawberry.subscriptions import GRAPHQL_TRANSPORT_WS_PROTOCOL, GRAPHQL_WS_PROTOCOL
-from strawberry.subscriptions.protocols.graphql_transport_ws.handlers import BaseGraphQLTransportWSHandler
-from strawberry.subscriptions.protocols.graphql_ws.handlers import BaseGraphQLWSHandler
-from strawberry.types.graphql import OperationType
 
 from resolvers.core import idempotency, logs
 from resolvers.core.context import Context
 from resolvers.core.errors import ApiError, PersistedQueryNotFound
 from resolvers.services import Services
 from schema import backpressure, frames, socket_auth, streams
+from schema.strawberry_internals import BaseGraphQLTransportWSHandler, BaseGraphQLWSHandler, OperationType
 
 log = logging.getLogger("mifamilias.transport")
 
@@ -500,10 +498,10 @@ class _AnyOperation:
     subscriptions only."""
 
     def __init__(self, schema: Any) -> None:
-        self._schema = schema
+        self.schema = schema
 
     async def subscribe(self, query: str | None, **kwargs: Any) -> Any:
-        return await self._schema.stream(
+        return await self.schema.stream(
             query,
             **kwargs,
             allowed_operation_types=(OperationType.QUERY, OperationType.MUTATION, OperationType.SUBSCRIPTION),

@@ -20,6 +20,7 @@ from hypothesis_graphql import strategies as gql_strategies
 
 from resolvers.core.auth import mint_token
 from schema import schema
+from schema.strawberry_internals import core_schema
 from tests.servers import SECRET, ServerProcess
 
 SDL = schema.as_str()
@@ -141,7 +142,7 @@ def _sized_fields() -> list[tuple[str, str, str, str]]:
     arguments along the way are literals."""
     from graphql import GraphQLObjectType, Undefined, get_named_type, is_non_null_type
 
-    graphql_schema = schema._schema
+    graphql_schema = core_schema(schema)
     assert graphql_schema.query_type is not None
     paths: dict[str, tuple[str, str]] = {graphql_schema.query_type.name: ("", "")}
     queue = [graphql_schema.query_type]
@@ -180,7 +181,7 @@ def _sized_query(sized: tuple[str, str, str, str], size: str, declared: str | No
 
     field, opening, closing, literals = sized
     parent, name = field.split(".")
-    target = schema._schema.type_map[parent]
+    target = core_schema(schema).type_map[parent]
     assert isinstance(target, GraphQLObjectType)
     inner = get_named_type(target.fields[name].type)
     assert isinstance(inner, GraphQLObjectType)

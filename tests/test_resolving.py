@@ -14,6 +14,7 @@ from strawberry.types import Info
 
 from schema import schema as our_schema
 from schema.resolving import call_directly
+from schema.strawberry_internals import core_schema
 
 
 @strawberry.enum
@@ -71,7 +72,7 @@ async def test_direct_fields_answer_as_strawberry_does() -> None:
 def test_fields_whose_wrapper_acts_keep_it() -> None:
     direct = strawberry.Schema(query=Query)
     call_directly(direct)
-    thing = direct._schema.type_map["Thing"]
+    thing = core_schema(direct).type_map["Thing"]
     assert isinstance(thing, GraphQLObjectType)
     # An extension, an enum argument (Strawberry converts it): Strawberry's own.
     assert thing.fields["loud"].resolve.__module__.startswith("strawberry")
@@ -80,7 +81,7 @@ def test_fields_whose_wrapper_acts_keep_it() -> None:
 
 
 def test_the_served_schema_resolves_its_record_fields_directly() -> None:
-    content = our_schema._schema.type_map["Content"]
+    content = core_schema(our_schema).type_map["Content"]
     assert isinstance(content, GraphQLObjectType)
     for name in ("id", "title", "commentCount", "author", "comments"):
         assert content.fields[name].resolve.__module__ == "schema.resolving", name

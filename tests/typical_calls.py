@@ -575,8 +575,15 @@ def label(op: Op) -> str:
 
 def schema_operations(schema: Any) -> set[tuple[str, str]]:
     """(kind, field) of every query and mutation the schema has."""
+    from graphql import GraphQLObjectType
+
+    from schema.strawberry_internals import core_schema
+
     found: set[tuple[str, str]] = set()
     for kind, type_name in (("query", "Query"), ("mutation", "Mutation")):
-        graphql_type = schema._schema.get_type(type_name)
-        found |= {(kind, name) for name in (graphql_type.fields if graphql_type is not None else {})}
+        graphql_type = core_schema(schema).get_type(type_name)
+        found |= {
+            (kind, name)
+            for name in (graphql_type.fields if isinstance(graphql_type, GraphQLObjectType) else {})
+        }
     return found

@@ -38,6 +38,7 @@ from graphql import (
 from resolvers.adapters.broker import user_channel
 from resolvers.core.context import Context
 from schema import schema
+from schema.strawberry_internals import core_schema
 from store import items, keys
 from store.port import Update
 from tests.api.conftest import Api
@@ -134,7 +135,7 @@ def document(kind: str, name: str, definition: GraphQLField) -> tuple[str, list[
 
 
 def schema_operations() -> dict[str, tuple[str, GraphQLField]]:
-    graphql_schema = schema._schema
+    graphql_schema = core_schema(schema)
     found: dict[str, tuple[str, GraphQLField]] = {}
     for kind, root in (
         ("query", graphql_schema.query_type),

@@ -14,6 +14,7 @@ from typing import Any
 from resolvers.core.context import Context
 from schema import schema
 from schema.multiplex import SHAREABLE, SHARED
+from schema.strawberry_internals import core_schema
 from store import keys
 from store.port import Update
 from tests.api.conftest import Api
@@ -140,7 +141,7 @@ def test_only_listed_fields_are_shared_generated_from_the_schema() -> None:
 
     from schema.multiplex import plan_for
 
-    core = schema._schema
+    core = core_schema(schema)
     wraps = {
         "CapsuleUnlockedEvent": "capsuleUnlocked { %s }",
         "Capsule": "capsuleUnlocked { capsule { %s } }",
