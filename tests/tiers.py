@@ -10,7 +10,7 @@ start or to run:
   `s3` case of an engine parameter;
 - Redis: the `redis_url` fixture;
 - server processes, Chromium, npm clients, the multi-process and fault tests:
-  the end-to-end modules at the top of tests/ (all but the three below);
+  the end-to-end modules at the top of tests/ (all but those below);
 - the speech model and long media: the modules in :data:`HEAVY_MODULES`.
 
 The full run (`./dev test`) runs everything, the fast tier included.
@@ -26,7 +26,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # Top-level modules that start nothing: they read the code, the schema or an app in this process.
 IN_PROCESS_MODULES = frozenset(
-    {"tests.test_layers", "tests.test_lock", "tests.test_resolving", "tests.test_schema_contract"}
+    {
+        "tests.test_layers",
+        "tests.test_lock",
+        "tests.test_resolving",
+        "tests.test_schema_contract",
+        "tests.test_upgrade",
+    }
 )
 HEAVY_MODULES = frozenset(
     {
