@@ -37,6 +37,7 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
+from store import formats
 from store.expressions import cursor_for, decode_cursor
 from store.port import (
     INDEX_KEYS,
@@ -142,6 +143,11 @@ def serialize(value: Any) -> dict[str, Any]:
 
 def serialize_item(item: Mapping[str, Any]) -> dict[str, Any]:
     return {name: serialize(value) for name, value in item.items()}
+
+
+def stored_item(item: Item) -> dict[str, Any]:
+    """An item as every put sends it: in the current format (`store.formats`)."""
+    return serialize_item(formats.stamped(item))
 
 
 def deserialize_item(raw: Mapping[str, Any]) -> Item:
@@ -283,8 +289,10 @@ def _condition_params(condition: Condition | None) -> dict[str, Any]:
 
 
 def _update_params(update: Update) -> dict[str, Any]:
+    """An update as every UpdateItem sends it: the item it leaves is in the
+    current format (`store.formats`)."""
     expression = _Expression()
-    params: dict[str, Any] = {"UpdateExpression": expression.update(update)}
+    params: dict[str, Any] = {"UpdateExpression": expression.update(formats.stamped_update(update))}
     if update.condition is not None:
         params["ConditionExpression"] = expression.condition(update.condition)
     params.update(expression.params())
@@ -491,7 +499,7 @@ class DynamoTable:
             await self._call(
                 "put_item",
                 TableName=self.table_name,
-                Item=serialize_item(item),
+                Item=stored_item(item),
                 **_condition_params(condition),
             )
         except ClientError as error:
@@ -537,7 +545,7 @@ class DynamoTable:
             _validate(item)
         requests: dict[Key, dict[str, Any]] = {}
         for item in puts:
-            requests[(item["PK"], item["SK"])] = {"PutRequest": {"Item": serialize_item(item)}}
+            requests[(item["PK"], item["SK"])] = {"PutRequest": {"Item": stored_item(item)}}
         for key in deletes:
             requests.pop(key, None)
             requests[key] = {"DeleteRequest": {"Key": _key(key)}}
@@ -593,7 +601,7 @@ class DynamoTable:
             return {
                 "Put": {
                     "TableName": self.table_name,
-                    "Item": serialize_item(op.item),
+                    "Item": stored_item(op.item),
                     **_condition_params(op.condition),
                 }
             }

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from store import formats
 from store.expressions import apply_update, cursor_for, decode_cursor, matches
 from store.port import (
     MAX_TRANSACTION_ITEMS,
@@ -202,11 +203,14 @@ class SqliteTable:
 
     # Writes -------------------------------------------------------------------
 
-    def _write(self, key: Key, item: Item | None) -> None:
-        if item is None:
-            self._db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", key)
-            return
+    def _remove(self, key: Key) -> None:
+        self._db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", key)
+
+    def _write(self, item: Item) -> Item:
+        """The one place a row is written: what it stores is in the current
+        format (`store.formats`), and that is what it answers."""
         _validate(item)
+        item = formats.stamped(item)
         g1 = _index_values(item, "GSI1PK", "GSI1SK")
         g2 = _index_values(item, "GSI2PK", "GSI2SK")
         self._db.execute(
@@ -214,6 +218,7 @@ class SqliteTable:
             "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (item["PK"], item["SK"], *g1, *g2, orjson.dumps(item).decode()),
         )
+        return item
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -244,22 +249,20 @@ class SqliteTable:
         key = (item["PK"], item["SK"])
         with self._transaction():
             self._check(key, self._read(key), condition)
-            self._write(key, item)
+            self._write(item)
 
     async def update(self, update: Update) -> Item:
         _check_keeps_key(update)
         with self._transaction():
             current = self._read(update.key)
             self._check(update.key, current, update.condition)
-            new = apply_update(current, update)
-            self._write(update.key, new)
-        return new
+            return self._write(apply_update(current, update))
 
     async def delete(self, key: Key, condition: Condition | None = None) -> Item | None:
         with self._transaction():
             current = self._read(key)
             self._check(key, current, condition)
-            self._write(key, None)
+            self._remove(key)
         return current
 
     async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
@@ -267,9 +270,9 @@ class SqliteTable:
             _validate(item)
         with self._transaction():
             for item in puts:
-                self._write((item["PK"], item["SK"]), item)
+                self._write(item)
             for key in deletes:
-                self._write(key, None)
+                self._remove(key)
 
     async def transact(self, ops: Sequence[WriteOp]) -> None:
         if not ops:
@@ -293,11 +296,11 @@ class SqliteTable:
                 raise TransactionCancelled(failed)
             for op, key, current in zip(ops, op_keys, currents, strict=True):
                 if isinstance(op, Put):
-                    self._write(key, op.item)
+                    self._write(op.item)
                 elif isinstance(op, Update):
-                    self._write(key, apply_update(current, op))
+                    self._write(apply_update(current, op))
                 elif isinstance(op, Delete):
-                    self._write(key, None)
+                    self._remove(key)
                 elif not isinstance(op, Check):
                     raise TypeError(f"unknown write {op!r}")
 

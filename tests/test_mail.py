@@ -152,7 +152,11 @@ async def mail_api(
     request: pytest.FixtureRequest, tmp_path: Path, smtp: tuple[Inbox, str]
 ) -> AsyncIterator[tuple[Api, Inbox]]:
     inbox, url = smtp
-    changes = {"smtp_url": url, "mail_from": "MiFamilias <hola@mifamilias.test>", "mail_poll_seconds": 3600}
+    changes: dict[str, Any] = {
+        "smtp_url": url,
+        "mail_from": "MiFamilias <hola@mifamilias.test>",
+        "mail_poll_seconds": 3600,
+    }
     async with running_api(request.param, "local", tmp_path, request, **changes) as api:
         yield api, inbox
 

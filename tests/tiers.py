@@ -32,6 +32,7 @@ IN_PROCESS_MODULES = frozenset(
         "tests.test_resolving",
         "tests.test_schema_contract",
         "tests.test_strawberry_internals",
+        "tests.test_upgrade",
     }
 )
 HEAVY_MODULES = frozenset(

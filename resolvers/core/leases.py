@@ -6,6 +6,13 @@ item with its holder and an expiry. The holder renews it while it works and
 clears it when done or handed back; a holder that died lets go when the expiry
 passes, and any process may then claim the item again. Every user of a lease
 writes the same three attributes, so one set of conditions serves them all.
+
+For one release, the previous format's lease (`store.formats`, format 1) is
+honoured too: the mailer leased a note under names of its own, and a process of
+the previous release may hold one during a rolling upgrade. While that lease
+lives the item is not free; once it has run out, the claim that takes the item
+clears those names in the same conditional write, so that process's last write
+(conditioned on `mailOwner`) can no longer land.
 """
 
 from __future__ import annotations
@@ -40,16 +47,29 @@ ATTEMPTS = "leaseAttempts"
 # What a finished or handed-back item is set to.
 CLEARED: Mapping[str, Any] = {UNTIL: None, OWNER: None}
 
+# The previous format's lease, read for one release: the mailer's own names
+# (its count, `mailAttempts`, is its spec's `previous_attempts`).
+PREVIOUS_UNTIL = "mailLeaseUntil"
+PREVIOUS_OWNER = "mailOwner"
+# What a claim or a take removes: the previous holder's names go with its lease.
+PREVIOUS_NAMES = (PREVIOUS_UNTIL, PREVIOUS_OWNER)
+
+
+def _run_out(until: str, now: datetime) -> Condition:
+    return any_of(NotExists(until), eq(until, None), Compare(until, "<", iso(now)))
+
 
 def free(now: datetime) -> Condition:
-    """Nobody holds the item: never leased, handed back, or run out."""
-    return any_of(NotExists(UNTIL), eq(UNTIL, None), Compare(UNTIL, "<", iso(now)))
+    """Nobody holds the item: never leased, handed back, or run out, under this
+    format's names and the previous one's."""
+    return all_of(_run_out(UNTIL, now), _run_out(PREVIOUS_UNTIL, now))
 
 
 def is_live(item: Item, now: datetime) -> bool:
-    """Whether someone holds the item now (as a query read it)."""
-    until = item.get(UNTIL)
-    return bool(until) and str(until) > iso(now)
+    """Whether someone holds the item now (as a query read it), under this
+    format's names or the previous one's."""
+    moment = iso(now)
+    return any(bool(until) and str(until) > moment for until in (item.get(UNTIL), item.get(PREVIOUS_UNTIL)))
 
 
 def held_by(owner: str | None) -> Condition:
@@ -58,8 +78,15 @@ def held_by(owner: str | None) -> Condition:
     return eq(OWNER, owner)
 
 
-def attempts(item: Item) -> int:
-    return int(item.get(ATTEMPTS, 0))
+def attempts(item: Item, previous: str | None = None) -> int:
+    """How many times the item was claimed: this format's count, plus the one a
+    process of the previous format kept under `previous` (the exports'
+    `attempts`, the mailer's `mailAttempts`). A claim leaves that count where it
+    is, so the two add up to every claim whichever release made it."""
+    count = int(item.get(ATTEMPTS) or 0)
+    if previous is not None:
+        count += int(item.get(previous) or 0)
+    return count
 
 
 @dataclass(frozen=True)
@@ -96,6 +123,7 @@ class Lease:
                 Update(
                     key,
                     set={**(changes or {}), **self.stamp(now)},
+                    remove=PREVIOUS_NAMES,
                     add={ATTEMPTS: 1} if count else {},
                     condition=condition,
                 )
@@ -107,7 +135,7 @@ class Lease:
         """Takes the item whoever holds it: for a request, whose person asked
         just now and outranks a background run (every step is conditional)."""
         try:
-            await table.update(Update(key, set=self.stamp(now), condition=Exists()))
+            await table.update(Update(key, set=self.stamp(now), remove=PREVIOUS_NAMES, condition=Exists()))
         except ConditionFailed:
             return False
         return True

@@ -133,6 +133,9 @@ async def download_url(ctx: Context, export: DataExport) -> str | None:
 # An export is built while it is PENDING (the lease spec's condition, in
 # `resolvers.processes.exports`).
 BUILDING = eq("status", ExportStatus.PENDING)
+# How many times the previous format's builder claimed an export
+# (`store.formats`); its lease had today's names already.
+PREVIOUS_ATTEMPTS = "attempts"
 
 
 def _held(owner: str) -> Condition:

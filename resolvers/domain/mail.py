@@ -325,10 +325,12 @@ async def invitation_mail(
 # The capsule openings' outbox -----------------------------------------------------------
 
 
-# An email is still to send while its item has no settled state (SENDING:
-# claimed before the claim became a lease like any other; null: an invite,
-# whose record holds the attribute from the start).
+# An email is still to send while its item has no settled state (SENDING: a
+# capsule opening's note once claimed; null: an invite, whose record holds the
+# attribute from the start).
 UNSENT = any_of(NotExists("mailState"), eq("mailState", None), eq("mailState", MailState.SENDING))
+# How many times the previous format's mailer claimed a note (`store.formats`).
+PREVIOUS_ATTEMPTS = "mailAttempts"
 
 
 async def settle_outbox(table: Table, key: Key, owner: str, state: str, now: datetime) -> bool:

@@ -29,7 +29,11 @@ log = logging.getLogger("mifamilias.exports")
 
 class ExportBuilder(LeasedJob):
     SPEC = LeaseSpec(
-        "exports", recover_from=keys.EXPORTS_PENDING_PK, claimable=exports.BUILDING, count_attempts=True
+        "exports",
+        recover_from=keys.EXPORTS_PENDING_PK,
+        claimable=exports.BUILDING,
+        count_attempts=True,
+        previous_attempts=exports.PREVIOUS_ATTEMPTS,
     )
 
     def __init__(

@@ -28,10 +28,10 @@ import contextlib
 import logging
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from resolvers.core import leases
 from resolvers.core.leases import Lease
@@ -48,7 +48,9 @@ class LeaseSpec:
     to claim, renew or hand it back (a status, say); `recover_from` is the
     partition of `recover_index` that lists its items not yet done, and `due`
     (if given) which of those are due now (not waiting for a retry, say);
-    `count_attempts` counts every claim on the item (`leases.attempts`)."""
+    `count_attempts` counts every claim on the item (`leases.attempts`), with
+    the count the previous format kept under `previous_attempts`, if it had
+    one; `on_claim` is what a claim also writes."""
 
     name: str
     recover_from: str | None = None
@@ -58,6 +60,8 @@ class LeaseSpec:
     due: Callable[[Item, datetime], bool] | None = None
     # Whose work an item is, for fair order (its partition when not given).
     group: Callable[[Item], str | None] | None = None
+    previous_attempts: str | None = None
+    on_claim: Mapping[str, Any] = field(default_factory=dict)
 
 
 def fair_order(keys: list[tuple[Key, str | None]]) -> list[Key]:
@@ -176,10 +180,11 @@ class Claim:
     key: Key
     item: Item
     lease: Lease
+    previous_attempts: str | None = None  # the spec's
 
     @property
     def attempts(self) -> int:
-        return leases.attempts(self.item)
+        return leases.attempts(self.item, self.previous_attempts)
 
 
 Handler = Callable[[Claim], Awaitable[None]]
@@ -322,7 +327,12 @@ class LeasedQueue:
         try:
             now = self.clock()
             claimed = await self.lease.claim(
-                self.table, key, now, when=self.spec.claimable, count=self.spec.count_attempts
+                self.table,
+                key,
+                now,
+                when=self.spec.claimable,
+                count=self.spec.count_attempts,
+                changes=self.spec.on_claim,
             )
             if claimed is None:
                 return False
@@ -333,7 +343,7 @@ class LeasedQueue:
                 return False
             heartbeat = asyncio.create_task(self._renew(key), name=f"{self.spec.name}-lease")
             try:
-                await self.handle(Claim(key, claimed, self.lease))
+                await self.handle(Claim(key, claimed, self.lease, self.spec.previous_attempts))
             except asyncio.CancelledError:
                 cancelled = True  # stays noted: `stop` hands the lease back
                 raise

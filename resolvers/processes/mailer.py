@@ -50,6 +50,12 @@ OUTBOX = LeaseSpec(
     count_attempts=True,
     due=mail.not_waiting,
     group=lambda item: Notification.from_item(item).family_id,
+    # The previous format's mailer counted its claims under its own name, and
+    # takes a note only while it has no `mailState` (or its own lease on it ran
+    # out): a claim marks the note SENDING, so during a rolling upgrade such a
+    # process keeps off a note this one holds.
+    previous_attempts=mail.PREVIOUS_ATTEMPTS,
+    on_claim={"mailState": MailState.SENDING},
 )
 INVITATIONS = LeaseSpec(
     "invitation",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,14 +149,22 @@ async def running_api(
     engine: str,
     blobs: str,
     tmp_path: Path,
-    request: pytest.FixtureRequest,
+    request: pytest.FixtureRequest | None,
     *,
     tracer_provider: Any = None,
+    clock: FakeClock | None = None,
+    prepare: Callable[[Table], Awaitable[None]] | None = None,
     **changes: Any,
 ) -> AsyncIterator[Api]:
+    """The app on `engine`'s table (`open_table`: a SQLite file already at
+    tmp_path/table.sqlite3 is opened as it is), after `prepare` has had the
+    table, on `clock` (from now when not given). `request` is only asked for
+    moto_server."""
     needs_moto = engine == "dynamodb" or blobs == "s3"
-    moto_url = request.getfixturevalue("moto_server") if needs_moto else None
-    clock = FakeClock()
+    if needs_moto and request is None:
+        raise ValueError("DynamoDB and S3 need the moto_server fixture")
+    moto_url = request.getfixturevalue("moto_server") if needs_moto and request is not None else None
+    clock = clock or FakeClock()
     changes.setdefault("push_allowed_origins", (PUSH_ORIGIN,))
     settings = Settings(
         data_dir=tmp_path / "data",
@@ -167,6 +175,8 @@ async def running_api(
         **changes,
     )
     async with open_table(engine, tmp_path, moto_url) as table:
+        if prepare is not None:
+            await prepare(table)
         counting = CountingTable(table)
         app = create_app(settings, table=counting, clock=clock, tracer_provider=tracer_provider)
         async with app.router.lifespan_context(app):

@@ -31,7 +31,8 @@ import pytest
 from resolvers.core import leases
 from resolvers.processes.leased import Claim, FairQueue, LeasedQueue, LeaseSpec
 from store.dynamodb import DynamoTable
-from store.port import Key, Table, Update, all_of, eq
+from store.items import iso
+from store.port import ConditionFailed, Key, Table, Update, all_of, eq
 from store.sqlite import SqliteTable
 from tests.servers import until
 
@@ -132,6 +133,49 @@ async def test_a_live_lease_keeps_other_processes_off_until_it_runs_out(table: T
     # The first holder, back late, can neither renew nor finish.
     assert await first.renew(table, key, clock()) is False
     assert await first.release(table, key) is False
+
+
+async def test_a_lease_of_the_previous_format_is_honoured_then_taken_over_once(table: Table) -> None:
+    """During a rolling upgrade a process of the previous release may hold an
+    item under the previous format's names (the mailer's `mailLeaseUntil` and
+    `mailOwner`, its claims counted in `mailAttempts`). While that lease lives
+    no queue lists or claims the item; once it has run out, exactly one of two
+    queues claims it, the old names go in that same write (so the old holder's
+    last write, conditioned on `mailOwner`, cannot land), and its claims count."""
+    clock = Clock()
+    spec = replace(SPEC, previous_attempts="mailAttempts")
+    key = await add_job(table, 1)
+    # What the previous release's claim wrote: two claims so far.
+    until = iso(clock.now + timedelta(seconds=120))
+    await table.update(
+        Update(key, set={"mailLeaseUntil": until, "mailOwner": "previous"}, add={"mailAttempts": 2})
+    )
+    handled: list[Claim] = []
+
+    async def handle(claim: Claim) -> None:
+        handled.append(claim)
+        await finish_job(table, claim)
+
+    queues = [LeasedQueue(spec, table=table, clock=clock, lease=LEASE, handle=handle) for _ in range(2)]
+    assert [await queue.due() for queue in queues] == [[], []]
+    assert [await queue.run(key) for queue in queues] == [False, False]
+    assert handled == []
+
+    clock.now += timedelta(seconds=121)  # the previous holder died
+    assert [await queue.due() for queue in queues] == [[key], [key]]
+    assert sorted(await asyncio.gather(*(queue.run(key) for queue in queues))) == [False, True]
+    (claim,) = handled
+    assert claim.attempts == 3
+    assert not {"mailLeaseUntil", "mailOwner"} & set(claim.item)
+    with pytest.raises(ConditionFailed):
+        await table.update(
+            Update(
+                key, set={"state": "SENT"}, remove=["mailLeaseUntil"], condition=eq("mailOwner", "previous")
+            )
+        )
+    item = await table.get(key)
+    assert item is not None and item["state"] == "DONE"
+    assert [await queue.run(key) for queue in queues] == [False, False]
 
 
 async def test_an_item_handed_back_to_wait_is_not_run_before_its_time(table: Table) -> None:

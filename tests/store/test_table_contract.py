@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from store import dynamodb
+from store import dynamodb, formats
 from store.dynamodb import DynamoTable, create_table, open_dynamo_table
 from store.port import (
     Cancellation,
@@ -41,6 +41,12 @@ from store.sqlite import SqliteTable
 
 def key_of(item: Item) -> Key:
     return (item["PK"], item["SK"])
+
+
+def stored(item: Item) -> Item:
+    """An item as a read gives it back: every write leaves it in the current
+    format (`store.formats`)."""
+    return formats.stamped(item)
 
 
 async def all_pages(
@@ -87,13 +93,13 @@ async def test_put_get_round_trip_keeps_types_and_odd_names(table: Table) -> Non
         "név.with.dots": "ok",
     }
     await table.put(item)
-    assert await table.get(key_of(item)) == item
+    assert await table.get(key_of(item)) == stored(item)
     assert await table.get(("FAMILY#f1", "MISSING")) is None
     assert await table.get(("FAMILY#nobody", "META")) is None
 
     # A put replaces the whole item.
     await table.put({"PK": "FAMILY#f1", "SK": "META", "name": "new"})
-    assert await table.get(("FAMILY#f1", "META")) == {"PK": "FAMILY#f1", "SK": "META", "name": "new"}
+    assert await table.get(("FAMILY#f1", "META")) == stored({"PK": "FAMILY#f1", "SK": "META", "name": "new"})
 
 
 async def test_put_rejects_items_without_string_keys(table: Table) -> None:
@@ -113,7 +119,7 @@ async def test_batch_get_crosses_chunks_and_leaves_missing_keys_out(table: Table
     found = await table.batch_get(keys)
     assert set(found) == {key_of(item) for item in items}
     for item in items:
-        assert found[key_of(item)] == item
+        assert found[key_of(item)] == stored(item)
     assert await table.batch_get([]) == {}
     assert await table.batch_get(missing) == {}
 
@@ -122,14 +128,14 @@ async def test_batch_write_crosses_chunks_and_deletes(table: Table) -> None:
     items = [{"PK": "BULK", "SK": f"{i:03d}", "n": i} for i in range(60)]
     await table.batch_write(puts=items)
     page = await table.query("BULK")
-    assert page.items == items
+    assert page.items == [stored(item) for item in items]
     assert page.cursor is None
 
     deleted = [key_of(item) for item in items[:30]]
     extra = [{"PK": "BULK", "SK": f"x{i:02d}", "n": i} for i in range(5)]
     await table.batch_write(puts=extra, deletes=deleted)
     remaining = (await table.query("BULK")).items
-    assert remaining == items[30:] + extra
+    assert remaining == [stored(item) for item in items[30:] + extra]
     assert await table.batch_get(deleted) == {}
 
     # Deleting what is missing is fine; a key both put and deleted ends deleted.
@@ -203,7 +209,7 @@ async def test_query_paging_walks_every_item_once(
     await table.batch_write(puts=[*items, {"PK": "PAGED", "SK": "OTHER"}, {"PK": "PAGED2", "SK": "M#000"}])
     pages = await all_pages(table, "PAGED", SortKey.begins_with("M#"), descending=descending, limit=limit)
     walked = [item for page in pages for item in page]
-    assert walked == (items[::-1] if descending else items)
+    assert walked == [stored(item) for item in (items[::-1] if descending else items)]
     assert len(pages) == max(1, -(-count // limit))  # no empty page at the end
 
 
@@ -363,7 +369,7 @@ async def test_conditional_put(table: Table) -> None:
     with pytest.raises(ConditionFailed) as failure:
         await table.put({"PK": "FAMILY#f", "SK": "META", "name": "second"}, NotExists())
     assert failure.value.key == ("FAMILY#f", "META")
-    assert await table.get(("FAMILY#f", "META")) == original
+    assert await table.get(("FAMILY#f", "META")) == stored(original)
 
     with pytest.raises(ConditionFailed) as failure:
         await table.put({"PK": "FAMILY#g", "SK": "META"}, Exists())
@@ -380,7 +386,7 @@ async def test_update_with_compare_condition(table: Table) -> None:
     new = await table.update(
         Update(key, set={"status": "published", "at": 5}, condition=eq("status", "draft"))
     )
-    assert new == {"PK": key[0], "SK": key[1], "status": "published", "at": 5, "R#😀": 1}
+    assert new == stored({"PK": key[0], "SK": key[1], "status": "published", "at": 5, "R#😀": 1})
     assert await table.get(key) == new
 
     with pytest.raises(ConditionFailed) as failure:
@@ -417,12 +423,14 @@ async def test_update_with_compare_condition(table: Table) -> None:
 async def test_update_set_remove_and_add(table: Table) -> None:
     key = ("COUNTERS", "1")
     # ADD on a missing item creates it, starting from zero.
-    assert await table.update(Update(key, add={"hearts": 1})) == {"PK": key[0], "SK": key[1], "hearts": 1}
+    assert await table.update(Update(key, add={"hearts": 1})) == stored(
+        {"PK": key[0], "SK": key[1], "hearts": 1}
+    )
     assert (await table.update(Update(key, add={"hearts": 5, "R#😀": 2})))["hearts"] == 6
     new = await table.update(Update(key, add={"hearts": -10, "R#😀": 1}, set={"label": "x"}))
-    assert new == {"PK": key[0], "SK": key[1], "hearts": -4, "R#😀": 3, "label": "x"}
+    assert new == stored({"PK": key[0], "SK": key[1], "hearts": -4, "R#😀": 3, "label": "x"})
     new = await table.update(Update(key, remove=["label", "R#😀", "never-there"], set={"n": None}))
-    assert new == {"PK": key[0], "SK": key[1], "hearts": -4, "n": None}
+    assert new == stored({"PK": key[0], "SK": key[1], "hearts": -4, "n": None})
     assert await table.get(key) == new
     # NULL and whole lists compare for equality like any value.
     new = await table.update(
@@ -438,7 +446,7 @@ async def test_update_set_remove_and_add(table: Table) -> None:
 async def test_update_creates_a_missing_item(table: Table) -> None:
     key = ("NEW", "ITEM")
     created = await table.update(Update(key, set={"a": 1, "nested": {"b": [1, 2]}}, condition=NotExists()))
-    assert created == {"PK": "NEW", "SK": "ITEM", "a": 1, "nested": {"b": [1, 2]}}
+    assert created == stored({"PK": "NEW", "SK": "ITEM", "a": 1, "nested": {"b": [1, 2]}})
     assert await table.get(key) == created
     with pytest.raises(ConditionFailed):
         await table.update(Update(key, set={"a": 2}, condition=NotExists()))
@@ -448,17 +456,15 @@ async def test_update_with_nothing_to_change(table: Table) -> None:
     # Condition only: succeeds unchanged, or fails.
     key = ("EMPTY", "UPDATE")
     await table.put({"PK": key[0], "SK": key[1], "status": "ok"})
-    assert await table.update(Update(key, condition=eq("status", "ok"))) == {
-        "PK": key[0],
-        "SK": key[1],
-        "status": "ok",
-    }
+    assert await table.update(Update(key, condition=eq("status", "ok"))) == stored(
+        {"PK": key[0], "SK": key[1], "status": "ok"}
+    )
     with pytest.raises(ConditionFailed):
         await table.update(Update(key, condition=eq("status", "no")))
-    assert await table.get(key) == {"PK": key[0], "SK": key[1], "status": "ok"}
+    assert await table.get(key) == stored({"PK": key[0], "SK": key[1], "status": "ok"})
     # With no condition on a missing item, it creates the bare item as DynamoDB does.
-    assert await table.update(Update(("EMPTY", "NEW"))) == {"PK": "EMPTY", "SK": "NEW"}
-    assert await table.get(("EMPTY", "NEW")) == {"PK": "EMPTY", "SK": "NEW"}
+    assert await table.update(Update(("EMPTY", "NEW"))) == stored({"PK": "EMPTY", "SK": "NEW"})
+    assert await table.get(("EMPTY", "NEW")) == stored({"PK": "EMPTY", "SK": "NEW"})
 
 
 async def test_delete_returns_the_old_item_and_honours_conditions(table: Table) -> None:
@@ -468,8 +474,8 @@ async def test_delete_returns_the_old_item_and_honours_conditions(table: Table) 
     with pytest.raises(ConditionFailed) as failure:
         await table.delete(key, eq("status", "archived"))
     assert failure.value.key == key
-    assert await table.get(key) == item
-    assert await table.delete(key, eq("status", "active")) == item
+    assert await table.get(key) == stored(item)
+    assert await table.delete(key, eq("status", "active")) == stored(item)
     assert await table.get(key) is None
     assert await table.delete(key) is None
     with pytest.raises(ConditionFailed):
@@ -537,11 +543,14 @@ async def test_transaction_applies_every_kind_of_write(table: Table) -> None:
         ]
     )
     assert (await table.query("T")).items == [
-        {"PK": "T", "SK": "bare"},
-        {"PK": "T", "SK": "counter", "n": 3},
-        {"PK": "T", "SK": "created", "by": "transaction"},
-        {"PK": "T", "SK": "guard", "status": "open"},
-        {"PK": "T", "SK": "new", "v": 1, "GSI1PK": "G", "GSI1SK": "1"},
+        stored(item)
+        for item in (
+            {"PK": "T", "SK": "bare"},
+            {"PK": "T", "SK": "counter", "n": 3},
+            {"PK": "T", "SK": "created", "by": "transaction"},
+            {"PK": "T", "SK": "guard", "status": "open"},
+            {"PK": "T", "SK": "new", "v": 1, "GSI1PK": "G", "GSI1SK": "1"},
+        )
     ]
     assert [item["SK"] for item in (await table.query("G", index="GSI1")).items] == ["new"]
     await table.transact([])
@@ -553,6 +562,35 @@ async def test_transaction_rejects_duplicate_keys_and_oversize(table: Table) -> 
     with pytest.raises(StoreError):
         await table.transact([Put({"PK": "T", "SK": f"{i}"}) for i in range(101)])
     assert (await table.query("T")).items == []
+
+
+# Formats ------------------------------------------------------------------------
+
+
+async def test_every_write_leaves_its_item_in_the_current_format(table: Table) -> None:
+    """Whatever wrote it (a put, an update that changes or creates, a batch, a
+    transaction's put or update), the item says the format it was last written
+    in: no caller can leave the stamp out or set another."""
+    await table.put({"PK": "F", "SK": "put", formats.ATTRIBUTE: formats.UNRECORDED})
+    await table.put({"PK": "F", "SK": "changed"})
+    await table.update(Update(("F", "changed"), set={"a": 1}, remove=[formats.ATTRIBUTE]))
+    await table.update(Update(("F", "created"), add={"n": 1, formats.ATTRIBUTE: 5}))
+    await table.update(Update(("F", "bare")))
+    await table.batch_write(puts=[{"PK": "F", "SK": "batched"}])
+    await table.put({"PK": "F", "SK": "checked"})
+    await table.transact(
+        [
+            Put({"PK": "F", "SK": "t-put"}, NotExists()),
+            Update(("F", "t-update"), set={formats.ATTRIBUTE: formats.UNRECORDED}),
+            Check(("F", "checked"), Exists()),
+        ]
+    )
+    found = {item["SK"]: item.get(formats.ATTRIBUTE) for item in (await table.query("F")).items}
+    written = ["bare", "batched", "changed", "checked", "created", "put", "t-put", "t-update"]
+    assert found == {sk: formats.CURRENT for sk in written}
+    # An item written before formats were recorded says nothing: format 1.
+    assert formats.format_of({"PK": "F", "SK": "old"}) == formats.UNRECORDED == 1
+    assert formats.format_of(await table.get(("F", "put")) or {}) == formats.CURRENT
 
 
 # Engine specifics ---------------------------------------------------------------
@@ -570,8 +608,8 @@ async def test_sqlite_survives_a_restart(tmp_path: Path) -> None:
 
     second = SqliteTable(path)
     try:
-        assert await second.get(("R", "0")) == {**items[0], "n": 1}
-        assert (await second.query("R")).items[1:] == items[1:]
+        assert await second.get(("R", "0")) == stored({**items[0], "n": 1})
+        assert (await second.query("R")).items[1:] == [stored(item) for item in items[1:]]
         assert [i["SK"] for i in (await second.query("G", index="GSI1")).items] == ["0", "1", "2"]
         await second.ping()
     finally:
@@ -593,7 +631,7 @@ async def test_dynamodb_create_table_is_safe_to_run_twice(moto_server: str) -> N
             assert [k["AttributeName"] for k in index["KeySchema"]] == [f"{index_name}PK", f"{index_name}SK"]
             assert index["Projection"]["ProjectionType"] == "ALL"
         await dynamo.put({"PK": "A", "SK": "B"})
-        assert await dynamo.get(("A", "B")) == {"PK": "A", "SK": "B"}
+        assert await dynamo.get(("A", "B")) == stored({"PK": "A", "SK": "B"})
         await dynamo.client.delete_table(TableName=name)
 
 
@@ -723,15 +761,13 @@ async def test_dynamodb_retries_unprocessed_batch_work_within_a_bound(no_backoff
     with pytest.raises(StoreError):
         await DynamoTable(client, "t").batch_get([("B", "1")])
 
-    put_b = {"PutRequest": {"Item": raw_b}}
+    fmt = {formats.ATTRIBUTE: {"N": str(formats.CURRENT)}}
+    put_a, put_b = ({"PutRequest": {"Item": {**raw, **fmt}}} for raw in (raw_a, raw_b))
     client = ScriptedClient(
         {"batch_write_item": [{"UnprocessedItems": {"t": [put_b]}}, {"UnprocessedItems": {}}]}
     )
     await DynamoTable(client, "t").batch_write(puts=[{"PK": "A", "SK": "1"}, {"PK": "B", "SK": "1"}])
-    assert [params["RequestItems"]["t"] for _, params in client.calls] == [
-        [{"PutRequest": {"Item": raw_a}}, put_b],
-        [put_b],
-    ]
+    assert [params["RequestItems"]["t"] for _, params in client.calls] == [[put_a, put_b], [put_b]]
     client = ScriptedClient(
         {"batch_write_item": [{"UnprocessedItems": {"t": [put_b]}}] * dynamodb.MAX_ATTEMPTS}
     )
