@@ -4,6 +4,8 @@ python app.py [serve]            start the server (embedded store by default)
 python app.py token USER_ID      print a development token
 python app.py demo               seed a demo world (once) and serve it
 python app.py create-table       create the DynamoDB table (safe to run twice)
+python app.py vapid-key          print a fresh Web Push (VAPID) private key for
+                                 MIFAMILIAS_VAPID_PRIVATE_KEY
 python app.py trusted-documents check PATH
                                  check a trusted-documents manifest against the schema
 """
@@ -402,6 +404,23 @@ def _token(settings: Settings, args: argparse.Namespace) -> None:
     print(f"signed with the secret in {where}: the server must use the same settings", file=sys.stderr)
 
 
+def _vapid_key() -> None:
+    from py_vapid import Vapid02
+
+    from resolvers.adapters.webpush import new_private_key, public_key
+
+    key = new_private_key()
+    print(key)
+    # On stderr, so that `$(python app.py vapid-key)` captures the key alone.
+    print(
+        "a fresh VAPID private key: set it as MIFAMILIAS_VAPID_PRIVATE_KEY on every host of the "
+        "deployment (the CloudFormation parameter VapidPrivateKey), and keep it: browsers subscribed "
+        f"with its public key {public_key(Vapid02.from_raw(key.encode()))} refuse pushes signed "
+        "with any other",
+        file=sys.stderr,
+    )
+
+
 def _demo(settings: Settings) -> int:
     import asyncio
 
@@ -479,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
         help="seed a demo family in the data directory (once), print a GraphiQL link per member, and serve",
     )
     commands.add_parser("create-table", help="create the DynamoDB table with both GSIs (safe to run twice)")
+    commands.add_parser(
+        "vapid-key",
+        help="print a fresh Web Push (VAPID) private key, the value of MIFAMILIAS_VAPID_PRIVATE_KEY",
+    )
     commands.add_parser("export-schema", help="write the schema's SDL to schema.graphql")
     trusted = commands.add_parser(
         "trusted-documents", help="trusted documents (MIFAMILIAS_TRUSTED_DOCUMENTS)"
@@ -489,8 +512,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     check.add_argument("path", type=Path)
     args = parser.parse_args(argv)
+    if args.command == "vapid-key":
+        # Reads no settings: it is what a configuration refused for want of it needs.
+        _vapid_key()
+        return 0
     try:
         settings = Settings.from_env()
+        if args.command in (None, "serve"):
+            settings.check_serving()
     except ConfigError as error:
         print(error, file=sys.stderr)  # names the variable and its value; no traceback
         return 2

@@ -483,6 +483,7 @@ def dynamodb_with_redis(log_dir: Path) -> Iterator[dict[str, str]]:
     """A table on a moto_server of its own, and Redis: a server's environment."""
     from bench.scaleout import shared_redis
     from bench.unlock import use_moto_credentials
+    from resolvers.adapters.webpush import new_private_key
     from store.dynamodb import create_table, open_dynamo_table
     from tests.servers import moto_server_process
 
@@ -498,6 +499,8 @@ def dynamodb_with_redis(log_dir: Path) -> Iterator[dict[str, str]]:
             "MIFAMILIAS_AWS_REGION": "us-east-1",
             "MIFAMILIAS_TABLE_NAME": "bench-slow-readers",
             "MIFAMILIAS_UNLOCK_SHARDS": "1",
+            # A server on DynamoDB is given its VAPID key, as a deployment's hosts are.
+            "MIFAMILIAS_VAPID_PRIVATE_KEY": new_private_key(),
             "MIFAMILIAS_REDIS_URL": redis_url,
         }
 

@@ -193,6 +193,8 @@ async def _open_push(
 ) -> tuple[WebPushSender, SnsPush | None]:
     """Web Push always (its VAPID key generated on first use); native push when
     an SNS platform application is named."""
+    # Whatever started this app: on a shared table, never a key of this host's own.
+    settings.check_serving()
     vapid = webpush.load_vapid(settings.data_dir, settings.vapid_private_key)
     web = WebPushSender(
         vapid, settings.vapid_subject, settings.push_allowed_origins, timeout=settings.push_timeout_seconds

@@ -19,20 +19,26 @@ full, every send to it waits. Nothing shared may wait with it, so:
   "slow client", a stream ends. Its events are not lost: it resumes with
   `after`. `mifamilias_slow_clients_closed` counts them.
 
-A socket that takes nothing cannot take a close frame either: a let-go
-socket's operations stop at once, its close is written when the socket takes it
-(when the client reads again), and the connection is dropped at the TCP level
-(`ConnectionHandles`) if the client has not read as far within
-`CLOSE_GRACE_SECONDS`.
+A socket that takes nothing cannot take a close frame either, nor the FIN
+of an ordinary close: both wait behind what the kernel holds for the client.
+So a let-go connection is dropped at the TCP level (`ConnectionHandles`): from
+its letting go, any close of it resets the connection and discards what is
+queued for the client, and it is aborted at the latest `slow_seconds` later.
+A let-go WebSocket's operations stop at once and its close is written when the
+socket takes it, so a client that reads again within that time learns why; a
+let-go stream is dropped at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import socket
+import struct
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from starlette.responses import StreamingResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -44,13 +50,11 @@ log = logging.getLogger("mifamilias.transport")
 
 SLOW_CLOSE_CODE = 4408
 SLOW_REASON = "slow client: it read nothing for too long; reconnect and resume with `after`"
-# How long a let-go client has to read as far as the close frame before its
-# connection is dropped: a phone out of a tunnel within it learns why.
-CLOSE_GRACE_SECONDS = 30.0
 
-ABORT_KEY = "mifamilias.abort"
+DROP_KEY = "mifamilias.drop"
 BUFFERED_KEY = "mifamilias.buffered"
-Abort = Callable[[], None]
+# Drops a let-go connection: now (0), or at the latest this many seconds from now.
+Drop = Callable[[float], None]
 LetGo = Callable[[str], None]  # called with why: "queue_full" or "stalled"
 # The messages that carry an operation's result, in either protocol: what
 # waits for the client's room (`QueuedSocket.room`).
@@ -58,35 +62,73 @@ RESULT_TYPES = frozenset({"next", "data"})
 
 
 class ConnectionHandles:
-    """Puts the server connection's `abort` in the scope, so a slow client's
-    connection can be dropped when it will not even take a close frame.
+    """Puts the server connection's handles in the scope: how to drop it
+    (`drop_of`) when its client will not even take a close frame, and how
+    much its transport holds unsent (`buffered_of`).
 
-    The outermost middleware sees the server's own `send`; uvicorn's is a
-    method of the connection's protocol, which holds the transport. Under a
-    server that does not expose it, nothing is added and a slow client is only
-    closed the ASGI way."""
+    The outermost middleware sees the server's own `send`, from which
+    `server_transport` finds the connection's transport. Under a server where
+    it finds none, nothing is added and a slow client is only closed the ASGI
+    way."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] in ("http", "websocket"):
-            transport = getattr(getattr(send, "__self__", None), "transport", None)
-            abort = getattr(transport, "abort", None)
-            if callable(abort):
-                scope[ABORT_KEY] = abort
-            buffered = getattr(transport, "get_write_buffer_size", None)
-            if callable(buffered):
-                scope[BUFFERED_KEY] = buffered
+            transport = server_transport(send)
+            if transport is not None:
+                scope[DROP_KEY] = functools.partial(drop_connection, transport)
+                scope[BUFFERED_KEY] = transport.get_write_buffer_size
         await self.app(scope, receive, send)
 
 
-def abort_of(scope: Mapping[str, Any]) -> Abort:
-    abort = scope.get(ABORT_KEY)
-    return abort if callable(abort) else _nothing
+def server_transport(send: Send) -> asyncio.Transport | None:
+    """The asyncio transport of the connection `send` writes to, or None.
+
+    The one place that relies on uvicorn's internals, which ASGI does not
+    expose: uvicorn's `send` is a bound method (of the connection's protocol
+    for a WebSocket, of the request's cycle for HTTP) whose object holds the
+    connection's transport as `.transport`. `tests/test_slow_clients.py`
+    checks it under each of uvicorn's HTTP and WebSocket implementations."""
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    # Duck-typed: uvloop's transports (uvicorn's loop where uvloop is
+    # installed, as here) are not asyncio.Transport subclasses.
+    wanted = ("abort", "get_extra_info", "get_write_buffer_size")
+    if all(callable(getattr(transport, name, None)) for name in wanted):
+        return cast(asyncio.Transport, transport)
+    return None
 
 
-def _nothing() -> None:
+def drop_connection(transport: asyncio.Transport, within: float) -> None:
+    """Drops a let-go client's connection without waiting for it to take
+    what is queued: from now on any close of the socket resets it (SO_LINGER
+    0) and the kernel discards what it held for the client, and the transport
+    is aborted `within` seconds from now at the latest (at once for 0).
+
+    asyncio's `abort` alone discards the transport's own buffer but closes
+    the socket the ordinary way: the kernel keeps it, with up to its send
+    buffer's megabytes and a FIN behind them, for as long as the client
+    acknowledges window probes without reading. The reset releases it."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        # Closed already (the client read as far as the close and went):
+        # nothing to drop (asyncio says OSError, uvloop ValueError).
+        with contextlib.suppress(OSError, ValueError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if within <= 0:
+        transport.abort()
+    else:
+        # A no-op if the connection has ended by then.
+        asyncio.get_running_loop().call_later(within, transport.abort)
+
+
+def drop_of(scope: Mapping[str, Any]) -> Drop:
+    drop = scope.get(DROP_KEY)
+    return drop if callable(drop) else _keep
+
+
+def _keep(within: float) -> None:
     return None
 
 
@@ -109,7 +151,7 @@ class QueuedSocket(AsyncWebSocketAdapter):
     def __init__(
         self,
         inner: AsyncWebSocketAdapter,
-        abort: Abort,
+        drop: Drop,
         let_go: LetGo,
         drop_operations: Callable[[], Awaitable[None]],
         *,
@@ -119,7 +161,7 @@ class QueuedSocket(AsyncWebSocketAdapter):
     ) -> None:
         super().__init__(inner.view)
         self.inner = inner
-        self._abort = abort
+        self._drop = drop
         self._buffered = buffered
         self._let_go_hook = let_go
         self._drop_operations = drop_operations
@@ -301,28 +343,33 @@ class QueuedSocket(AsyncWebSocketAdapter):
                 await writer
 
     def _give_up(self, why: str) -> None:
-        """Lets a slow client go: counted, its queue dropped, its socket closed."""
+        """Lets a slow client go: counted, its queue dropped, its socket closed,
+        and its connection dropped within `slow_seconds` whatever else happens."""
         if self._closed:
             return
         self._closed = self.let_go = True
         self._let_go_hook(why)
         self._stop_writer()
         self._queue = None  # what it held goes nowhere now
-        task = asyncio.create_task(self._close_slow())
+        # From now: the bound holds even if stopping its operations or writing
+        # its close waits, and whoever closes the socket (the close handshake,
+        # the WebSocket library's own timeouts) releases what it queues.
+        self._drop(self._slow_seconds)
+        deadline = asyncio.get_running_loop().time() + self._slow_seconds
+        task = asyncio.create_task(self._close_slow(deadline))
         _closing.add(task)
         task.add_done_callback(_closing.discard)
 
-    async def _close_slow(self) -> None:
+    async def _close_slow(self, deadline: float) -> None:
         # Its operations stop now (their subscriptions and channels with them);
         # the close frame goes out once the socket takes it, which it does
-        # when the client reads again: it then learns why. A client that has
-        # not read as far within the grace is dropped.
+        # when the client reads again: it then learns why. By the deadline
+        # the connection is dropped (`_give_up`), and its handler ends too:
+        # its read sees the disconnect.
         await self._drop_operations()
-        try:
-            async with asyncio.timeout(CLOSE_GRACE_SECONDS):
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout_at(deadline):
                 await self.inner.close(SLOW_CLOSE_CODE, SLOW_REASON)
-        except Exception:
-            self._abort()  # its handler ends too: its read sees the disconnect
 
 
 # Let-go closes still running; kept so that they are not collected mid-way.
@@ -336,13 +383,14 @@ class SlowClientLetGo(Exception):
 class PacedStreamingResponse(StreamingResponse):
     """A streamed subscription (SSE or multipart) whose every send must be
     taken within `slow_seconds`; a client that takes nothing for that long is
-    let go and its stream ends (the connection is dropped: it cannot take
-    even the stream's last bytes)."""
+    let go and its stream ends (the connection is dropped at once: it cannot
+    take even the stream's last bytes, and HTTP has no close reason to wait
+    for)."""
 
-    def __init__(self, *args: Any, slow_seconds: float, abort: Abort, let_go: LetGo, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, slow_seconds: float, drop: Drop, let_go: LetGo, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._slow_seconds = slow_seconds
-        self._abort = abort
+        self._drop = drop
         self._let_go_hook = let_go
         self.let_go = False
 
@@ -354,7 +402,7 @@ class PacedStreamingResponse(StreamingResponse):
             except TimeoutError:
                 self.let_go = True
                 self._let_go_hook("stalled")
-                self._abort()
+                self._drop(0)
                 await asyncio.sleep(0)  # the server sees the connection lost first
                 raise SlowClientLetGo from None
 

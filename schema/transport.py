@@ -309,7 +309,7 @@ class _Guarded:
 
         self.websocket = queued = backpressure.QueuedSocket(
             self.websocket,
-            backpressure.abort_of(self.websocket.ws.scope),
+            backpressure.drop_of(self.websocket.ws.scope),
             let_go,
             self._drop_operations,
             frames=settings.send_queue_frames,
@@ -670,7 +670,7 @@ class MiFamiliasGraphQL(GraphQL[Context, None]):
             status_code=sub_response.status_code or 200,
             headers={**sub_response.headers, **headers},
             slow_seconds=services.settings.slow_client_seconds,
-            abort=backpressure.abort_of(request.scope),
+            drop=backpressure.drop_of(request.scope),
             let_go=let_go,
         )
 

@@ -222,10 +222,13 @@ def moto_server_process(log_dir: Path) -> Iterator[tuple[str, subprocess.Popen[b
 async def engine_env(engine: str, request: pytest.FixtureRequest) -> AsyncIterator[dict[str, str]]:
     """The environment that puts a server process on an engine: SQLite (the
     default, in its data directory), or a fresh table on the session's
-    moto_server. Server processes given the same environment share the store."""
+    moto_server with the VAPID key a deployment gives every host (a server on
+    DynamoDB refuses to start without one). Server processes given the same
+    environment share the store, and on DynamoDB the key."""
     if engine == "sqlite":
         yield {}
         return
+    from resolvers.adapters.webpush import new_private_key
     from store.dynamodb import DynamoTable, create_table, open_dynamo_table
 
     moto_url = request.getfixturevalue("moto_server")
@@ -239,6 +242,7 @@ async def engine_env(engine: str, request: pytest.FixtureRequest) -> AsyncIterat
                 "MIFAMILIAS_AWS_REGION": "us-east-1",
                 "MIFAMILIAS_TABLE_NAME": name,
                 "MIFAMILIAS_UNLOCK_SHARDS": "1",
+                "MIFAMILIAS_VAPID_PRIVATE_KEY": new_private_key(),
             }
         finally:
             await table.client.delete_table(TableName=name)

@@ -232,3 +232,23 @@ def test_the_command_line(tmp_path: Path, moto_server: str) -> None:
     first, second = run_cli("create-table", env=dynamo), run_cli("create-table", env=dynamo)
     assert first.returncode == 0 and "created" in first.stdout, first.stderr
     assert second.returncode == 0 and "already exists" in second.stdout, second.stderr
+
+
+def test_a_server_on_dynamodb_without_a_vapid_key_refuses_to_start(tmp_path: Path, moto_server: str) -> None:
+    """`serve` on a shared table with no VAPID key given exits at once, saying
+    why and how to make one, rather than sign pushes with a key of this host's
+    own that browsers subscribed through another host would refuse."""
+    env = {
+        "MIFAMILIAS_DATA_DIR": str(tmp_path),
+        "MIFAMILIAS_PORT": str(free_port()),
+        "MIFAMILIAS_DYNAMODB_ENDPOINT": moto_server,
+        "MIFAMILIAS_AWS_REGION": "us-east-1",
+        "MIFAMILIAS_TABLE_NAME": f"novapid-{tmp_path.name[-8:]}",
+        "MIFAMILIAS_VAPID_PRIVATE_KEY": "",  # unset, whatever the test run's environment holds
+    }
+    refused = run_cli("serve", env=env)
+    assert refused.returncode == 2, refused.stderr
+    assert "MIFAMILIAS_VAPID_PRIVATE_KEY is needed with DynamoDB" in refused.stderr
+    assert "python app.py vapid-key" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert not (tmp_path / "vapid-private.pem").exists()

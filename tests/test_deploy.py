@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import pytest
 from cfnlint.api import ManualArgs, lint_file
 from cfnlint.decode import decode
 
-from resolvers.core.config import Settings
+from resolvers.core.config import ConfigError, Settings
 from tests.servers import ROOT, ServerProcess, free_port
 
 TEMPLATE = ROOT / "deploy" / "cloudformation.yaml"
@@ -103,10 +104,51 @@ def test_the_service_is_probed_and_stopped_as_the_server_expects() -> None:
     assert int(attributes["idle_timeout.timeout_seconds"]) >= 3600
     container = resources["TaskDefinition"]["Properties"]["ContainerDefinitions"][0]
     environment = {e["Name"]: e["Value"] for e in container["Environment"]}
+    secrets = {e["Name"] for e in container.get("Secrets", [])}
     # Every variable is one the server knows, and it stops before ECS's SIGKILL.
     known = {f"MIFAMILIAS_{name.upper()}" for name in Settings.model_fields}
-    assert set(environment) <= known, set(environment) - known
+    assert set(environment) | secrets <= known, (set(environment) | secrets) - known
     assert float(environment["MIFAMILIAS_SHUTDOWN_SECONDS"]) < container["StopTimeout"]
+
+
+def test_every_task_is_given_the_deployments_vapid_key() -> None:
+    """The tasks share a table, so each is given the one VAPID key (a server
+    on DynamoDB refuses to start without one): from a NoEcho parameter that
+    takes what `python app.py vapid-key` prints, through a secret, not the
+    task definition's plain environment."""
+    template = _template()
+    parameter = template["Parameters"]["VapidPrivateKey"]
+    assert parameter["NoEcho"] is True and "Default" not in parameter
+    resources = template["Resources"]
+    assert resources["VapidKeySecret"]["Properties"]["SecretString"] == {"Ref": "VapidPrivateKey"}
+    container = resources["TaskDefinition"]["Properties"]["ContainerDefinitions"][0]
+    secrets = {e["Name"]: e["ValueFrom"] for e in container["Secrets"]}
+    assert secrets["MIFAMILIAS_VAPID_PRIVATE_KEY"] == {"Ref": "VapidKeySecret"}
+    environment = {e["Name"] for e in container["Environment"]}
+    assert "MIFAMILIAS_VAPID_PRIVATE_KEY" not in environment
+    reads = resources["ExecutionRole"]["Properties"]["Policies"][0]["PolicyDocument"]["Statement"]
+    assert {
+        "Effect": "Allow",
+        "Action": "secretsmanager:GetSecretValue",
+        "Resource": {"Ref": "VapidKeySecret"},
+    } in reads
+
+    printed = subprocess.run(
+        [sys.executable, str(ROOT / "app.py"), "vapid-key"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert re.fullmatch(parameter["AllowedPattern"], printed), printed
+    # The tasks' region selects DynamoDB: without the key they would not start.
+    assert "MIFAMILIAS_AWS_REGION" in environment
+    with pytest.raises(ConfigError, match="MIFAMILIAS_VAPID_PRIVATE_KEY is needed with DynamoDB"):
+        Settings.from_env({"MIFAMILIAS_AWS_REGION": "eu-west-1"}).check_serving()
+    Settings.from_env(
+        {"MIFAMILIAS_AWS_REGION": "eu-west-1", "MIFAMILIAS_VAPID_PRIVATE_KEY": printed}
+    ).check_serving()
 
 
 def test_the_image_recipe_copies_what_exists_and_installs_no_test_tools() -> None:

@@ -2,7 +2,9 @@
 file of one data directory, or a table on moto_server): each device gets its push once, even when the
 process that claimed the notification is SIGKILLed before its send got
 through. The push service (tests/push_service.py) checks VAPID against the
-servers' `webPushPublicKey` and decrypts every payload."""
+servers' `webPushPublicKey` and decrypts every payload. On DynamoDB the two
+are hosts of one deployment, each with a data directory of its own: they
+sign with the key the deployment gives them."""
 
 from __future__ import annotations
 
@@ -75,12 +77,15 @@ async def run(tmp_path: Path, data_dir: Path, engine_vars: dict[str, str], table
             "MIFAMILIAS_PUSH_RECOVERY_SECONDS": "0.3",
             "MIFAMILIAS_UNLOCK_POLL_SECONDS": "3600",
         }
+        # SQLite: the store is the data directory's, shared. DynamoDB: two hosts.
+        own_dir = data_dir if "MIFAMILIAS_DYNAMODB_ENDPOINT" not in env else tmp_path / "host-b"
         first = ServerProcess(data_dir, env, name="a").start()
-        second = ServerProcess(data_dir, env, name="b").start()
+        second = ServerProcess(own_dir, env, name="b").start()
         try:
             async with httpx.AsyncClient(timeout=30) as client:
                 key = (await call(client, first, "ana", "{ webPushPublicKey }"))["webPushPublicKey"]
-                # One data directory, one VAPID key, whichever process made it.
+                # One VAPID key: the data directory's, whichever process made it,
+                # or the deployment's.
                 assert (await call(client, second, "ana", "{ webPushPublicKey }"))["webPushPublicKey"] == key
                 service.server_key = key
                 family = (

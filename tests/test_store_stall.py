@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from resolvers.adapters.webpush import new_private_key
 from resolvers.core.auth import mint_token
 from store import items, keys
 from store.dynamodb import DynamoTable, create_table, open_dynamo_table
@@ -93,6 +94,7 @@ async def test_a_stalled_table_answers_unavailable_and_retries_apply_once(
             "MIFAMILIAS_AWS_REGION": "us-east-1",
             "MIFAMILIAS_TABLE_NAME": table.table_name,
             "MIFAMILIAS_UNLOCK_SHARDS": "1",
+            "MIFAMILIAS_VAPID_PRIVATE_KEY": new_private_key(),
             "MIFAMILIAS_OPERATION_DEADLINE_SECONDS": str(DEADLINE),
         },
     ).start()

@@ -15,6 +15,7 @@ import pytest
 from gql import Client, GraphQLRequest
 from gql.transport.websockets import WebsocketsTransport
 
+from resolvers.adapters.webpush import new_private_key
 from resolvers.core.auth import mint_token
 from store.dynamodb import DynamoTable, create_table, deserialize_item, open_dynamo_table
 from tests.factories import capsule_rows, family_rows
@@ -76,12 +77,17 @@ async def shared_table(moto_server: str) -> AsyncIterator[DynamoTable]:
         yield table
 
 
+VAPID_KEY = new_private_key()
+
+
 def server_env(moto_server: str, table: DynamoTable, redis_url: str | None) -> dict[str, str]:
     env = {
         "MIFAMILIAS_AUTH_SECRET": SECRET,
         "MIFAMILIAS_DYNAMODB_ENDPOINT": moto_server,
         "MIFAMILIAS_AWS_REGION": "us-east-1",
         "MIFAMILIAS_TABLE_NAME": table.table_name,
+        # What a deployment gives every host: each of these shares the table.
+        "MIFAMILIAS_VAPID_PRIVATE_KEY": VAPID_KEY,
         "MIFAMILIAS_UNLOCK_POLL_SECONDS": "1",
         "MIFAMILIAS_UNLOCK_SHARDS": str(SHARDS),
         "MIFAMILIAS_ABANDONED_UNLOCK_SECONDS": "3",

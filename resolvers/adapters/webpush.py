@@ -196,6 +196,16 @@ def load_vapid(data_dir: Path, configured: str | None) -> Vapid02:
     return Vapid02.from_file(str(path))
 
 
+def new_private_key() -> str:
+    """A fresh VAPID private key as MIFAMILIAS_VAPID_PRIVATE_KEY takes it: the
+    raw P-256 scalar, base64url, on one line (a CloudFormation parameter or a
+    secret holds it as it is)."""
+    fresh = Vapid02()
+    fresh.generate_keys()
+    scalar = fresh.private_key.private_numbers().private_value.to_bytes(32, "big")
+    return str(b64urlencode(scalar))
+
+
 def public_key(vapid: Vapid02) -> str:
     """The application server key for `pushManager.subscribe`, base64url."""
     raw = vapid.public_key.public_bytes(

@@ -4,6 +4,7 @@ start-up with the variable's name and the value given."""
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 from collections.abc import Mapping
@@ -36,6 +37,18 @@ CommaSeparated = Annotated[tuple[str, ...], BeforeValidator(_comma_separated)]
 
 class ConfigError(ValueError):
     """A `MIFAMILIAS_` variable holds a value the server cannot use."""
+
+
+# Why a server on DynamoDB needs a VAPID key given to it, and how to make one.
+VAPID_KEY_NEEDED = (
+    "MIFAMILIAS_VAPID_PRIVATE_KEY is needed with DynamoDB (MIFAMILIAS_DYNAMODB_ENDPOINT or "
+    "MIFAMILIAS_AWS_REGION): a shared table is served by several hosts, and a browser "
+    "subscribed with one host's key refuses pushes signed by another's, so every host must "
+    "sign with the same key rather than generate its own. Make one with "
+    "`python app.py vapid-key` (it prints the value to set) and give it to every host"
+)
+# Values never shown in a refusal: the message reaches the logs.
+SECRET_SETTINGS = frozenset({"auth_secret", "vapid_private_key"})
 
 
 DEFAULT_REGION = "us-east-1"
@@ -195,8 +208,8 @@ class Settings(BaseSettings):
 
     # Push to phones and browsers. Web Push is on by default, with VAPID keys
     # generated into the data directory unless one is given (PEM, or the raw
-    # private key base64url); native push is on when an SNS platform
-    # application is named.
+    # private key base64url); on DynamoDB one must be given (`check_serving`).
+    # Native push is on when an SNS platform application is named.
     vapid_private_key: str | None = None
     vapid_subject: str = "mailto:push@mifamilias.invalid"
     push_allowed_origins: CommaSeparated = ()
@@ -207,6 +220,23 @@ class Settings(BaseSettings):
     push_lease_seconds: PositiveFloat = 60.0
     push_recovery_seconds: PositiveFloat = 15.0
     push_timeout_seconds: PositiveFloat = 10.0
+
+    @field_validator("vapid_private_key")
+    @classmethod
+    def _vapid_private_key(cls, value: str | None) -> str | None:
+        # Its shape only (the curve is the adapter's): a public key pasted by
+        # mistake is refused here, by name, rather than at the first push.
+        if value is None or "-----BEGIN" in value:
+            return value
+        try:
+            raw = base64.urlsafe_b64decode(value.strip() + "=" * (-len(value.strip()) % 4))
+        except ValueError:
+            raw = b""
+        if len(raw) != 32:
+            raise ValueError(
+                "must be a private key: PEM, or 32 bytes base64url as `python app.py vapid-key` prints"
+            )
+        return value
 
     @field_validator("vapid_subject")
     @classmethod
@@ -292,12 +322,21 @@ class Settings(BaseSettings):
                 shown = given.get(name)
                 if name == "smtp_url" and shown and "@" in shown:
                     shown = "<with credentials, not shown>"  # the message reaches the logs
+                elif name in SECRET_SETTINGS and shown:
+                    shown = "<not shown>"
                 problems.append(f"{PREFIX}{name.upper()}={shown!r}: {problem['msg']}")
             raise ConfigError(f"bad configuration: {'; '.join(problems)}") from None
 
     @property
     def uses_dynamodb(self) -> bool:
         return self.dynamodb_endpoint is not None or self.aws_region is not None
+
+    def check_serving(self) -> None:
+        """Raises ConfigError for what other commands may run with but a
+        server may not start with: DynamoDB without a VAPID key. The embedded
+        store is one host's, which generates its own key as before."""
+        if self.uses_dynamodb and not self.vapid_private_key:
+            raise ConfigError(f"bad configuration: {VAPID_KEY_NEEDED}")
 
     @property
     def region(self) -> str:
