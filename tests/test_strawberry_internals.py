@@ -653,7 +653,9 @@ async def test_queued_socket_is_a_websocket_adapter() -> None:
         async def nothing() -> None:
             return None
 
-        queued = QueuedSocket(inner, lambda: None, lambda why: None, nothing, frames=4, slow_seconds=1.0)
+        queued = QueuedSocket(
+            inner, lambda after: None, lambda why: None, nothing, frames=4, slow_seconds=1.0
+        )
         assert queued.view is view
 
 
