@@ -49,6 +49,7 @@ MEASURES_STARTING: dict[int, tuple[str, ...]] = {
     ),
     6: (
         "full collection with",
+        "/healthz p50 / p99 (ms): (k) a long recording transcoded",
         "/healthz p50 / p99 (ms): (e) 60 slow readers beside 30 normal subscribers, SQLite",
         "/healthz p50 / p99 (ms): (e) 60 slow readers beside 30 normal subscribers, DynamoDB",
         "another person's push latency (s), (j) behind 20 devices",
