@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -385,29 +385,45 @@ async def test_a_frame_the_turn_cannot_send_goes_back_to_its_own_stream(api: Api
         assert sorted([*led, failing, sent[0][0]]) == recipients
 
 
-async def test_a_move_committed_right_after_a_streams_first_read_is_heard(api: Api, monkeypatch: Any) -> None:
-    """The status stream listens before it reads: a move committed between its
-    first read and the moment it would otherwise start listening reaches it."""
+VIEW = "mutation($id: ID!) { markContentViewed(contentId: $id) { status } }"
+
+
+async def note_moved_at_first_read(
+    api: Api, monkeypatch: Any, moves: Callable[[str], Awaitable[None]], *, before: bool
+) -> tuple[str, list[bool]]:
+    """A READY note of Ana's, read by Ben too, and `moves` made on it once,
+    just before or just after the first batch read of it: its id, and a list
+    that holds True once the moves were made."""
     family_id = await family_with_members(api, "ana", ["ben"])
     content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
     await settle(api)
-    table = api.table
-    read_once = table.batch_get
+    read_once = api.table.batch_get
     moved: list[bool] = []
 
-    async def read_then_move(keys_: Any) -> Any:
-        found = await read_once(keys_)
-        if not moved and keys.content(content_id) in list(keys_):
+    async def read_and_move(keys_: Any) -> Any:
+        here = not moved and keys.content(content_id) in list(keys_)
+        if here:
             moved.append(True)
             monkeypatch.undo()
-            await api.ok(
-                "mutation($id: ID!) { markContentViewed(contentId: $id) { status } }",
-                {"id": content_id},
-                as_="ben",
-            )
+        if here and before:
+            await moves(content_id)
+        found = await read_once(keys_)
+        if here and not before:
+            await moves(content_id)
         return found
 
-    monkeypatch.setattr(table, "batch_get", read_then_move)
+    monkeypatch.setattr(api.table, "batch_get", read_and_move)
+    return content_id, moved
+
+
+async def test_a_move_committed_right_after_a_streams_first_read_is_heard(api: Api, monkeypatch: Any) -> None:
+    """The status stream listens before it reads: a move committed between its
+    first read and the moment it would otherwise start listening reaches it."""
+
+    async def viewed(content_id: str) -> None:
+        await api.ok(VIEW, {"id": content_id}, as_="ben")
+
+    content_id, moved = await note_moved_at_first_read(api, monkeypatch, viewed, before=False)
     document = f'subscription {{ contentStatusChanged(contentId: "{content_id}") {{ status }} }}'
     async with stream(api, document, "ana") as events:
         first = await events.__anext__()
@@ -424,24 +440,13 @@ async def test_moves_made_before_a_streams_first_read_are_not_reported_again(
     arrive as events once it has read where they led: they are not reported
     (the stream would otherwise step back, to DELIVERED after ARCHIVED); the
     next move is."""
-    family_id = await family_with_members(api, "ana", ["ben"])
-    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
-    await settle(api)
-    table = api.table
-    read_once = table.batch_get
-    moved: list[bool] = []
 
-    async def move_then_read(keys_: Any) -> Any:
-        if not moved and keys.content(content_id) in list(keys_):
-            moved.append(True)
-            monkeypatch.undo()
-            view = "mutation($id: ID!) { markContentViewed(contentId: $id) { status } }"
-            await api.ok(view, {"id": content_id}, as_="ben")  # READY -> DELIVERED
-            api.clock.advance(days=91)
-            assert await api.services.pipeline.archive_due(90) == 1  # -> ARCHIVED
-        return await read_once(keys_)
+    async def viewed_and_archived(content_id: str) -> None:
+        await api.ok(VIEW, {"id": content_id}, as_="ben")  # READY -> DELIVERED
+        api.clock.advance(days=91)
+        assert await api.services.pipeline.archive_due(90) == 1  # -> ARCHIVED
 
-    monkeypatch.setattr(table, "batch_get", move_then_read)
+    content_id, moved = await note_moved_at_first_read(api, monkeypatch, viewed_and_archived, before=True)
     document = f'subscription {{ contentStatusChanged(contentId: "{content_id}") {{ status }} }}'
     async with stream(api, document, "ana") as events:
         first = await events.__anext__()
