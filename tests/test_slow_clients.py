@@ -460,15 +460,30 @@ async def test_a_websocket_let_go_that_reads_nothing_is_dropped(dropping_server:
         # the server's kernel holds nothing more for it.
         raw = await stalled_websocket(server, silent)
         try:
-            await until(lambda: subscriptions_running([server], "capsuleUnlocked", 1), "the subscription")
-            await write_flood(table, server, family_id, back, [silent])
-            await until(lambda: _at_least(server, 2), "the second client let go", seconds=60)
-            await until(lambda: reset(raw), dropped(server, raw), DROP_BOUND)
-            await until(lambda: held_by_server(server, raw) is None, dropped(server, raw), DROP_BOUND)
+            await flooded_until_dropped(table, server, raw, family_id, back, silent, let_go=2)
         finally:
             raw.close()
     log = server.log()
     assert "Traceback" not in log and " ERROR " not in log, log[-3000:]
+
+
+async def flooded_until_dropped(
+    table: Any,
+    server: ServerProcess,
+    raw: socket.socket,
+    family_id: str,
+    author: str,
+    silent: str,
+    let_go: int,
+) -> None:
+    """Once `silent`'s subscription runs, floods it with openings until the
+    server has let `let_go` clients go; then waits for `raw`, its socket, to
+    be reset and gone from the server's kernel."""
+    await until(lambda: subscriptions_running([server], "capsuleUnlocked", 1), "the subscription")
+    await write_flood(table, server, family_id, author, [silent])
+    await until(lambda: _at_least(server, let_go), f"{let_go} clients let go", seconds=60)
+    await until(lambda: reset(raw), dropped(server, raw), DROP_BOUND)
+    await until(lambda: held_by_server(server, raw) is None, dropped(server, raw), DROP_BOUND)
 
 
 async def close_frame_code(raw: socket.socket) -> int | None:
@@ -516,11 +531,7 @@ async def test_a_stream_let_go_that_reads_nothing_is_dropped(accept: str, tmp_pa
             await table.batch_write(family_rows(family_id, silent, [silent]))
             raw = await stalled_stream(server, silent, accept)
             try:
-                await until(lambda: subscriptions_running([server], "capsuleUnlocked", 1), "the stream")
-                await write_flood(table, server, family_id, silent, [silent])
-                await until(lambda: _at_least(server, 1), "the client let go", seconds=60)
-                await until(lambda: reset(raw), dropped(server, raw), DROP_BOUND)
-                await until(lambda: held_by_server(server, raw) is None, dropped(server, raw), DROP_BOUND)
+                await flooded_until_dropped(table, server, raw, family_id, silent, silent, let_go=1)
             finally:
                 raw.close()
         log = server.log()
