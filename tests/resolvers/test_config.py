@@ -50,19 +50,20 @@ def test_parts_are_at_least_s3s_smallest() -> None:
     assert "MIFAMILIAS_MULTIPART_PART_BYTES='1048576'" in str(refused.value)
 
 
-def test_the_command_line_refuses_bad_configuration_without_a_traceback(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "app.py"), "token", "ana"],
+def app_command(data_dir: Path, args: list[str], **env: str) -> subprocess.CompletedProcess[str]:
+    """`python app.py ARGS` with only `env` and a data directory set."""
+    return subprocess.run(
+        [sys.executable, str(ROOT / "app.py"), *args],
         cwd=ROOT,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "MIFAMILIAS_MAX_BODY_BYTES": "1MB",
-            "MIFAMILIAS_DATA_DIR": str(tmp_path),
-        },
+        env={"PATH": "/usr/bin:/bin", "MIFAMILIAS_DATA_DIR": str(data_dir), **env},
         capture_output=True,
         text=True,
         timeout=60,
     )
+
+
+def test_the_command_line_refuses_bad_configuration_without_a_traceback(tmp_path: Path) -> None:
+    done = app_command(tmp_path, ["token", "ana"], MIFAMILIAS_MAX_BODY_BYTES="1MB")
     assert done.returncode == 2
     assert "MIFAMILIAS_MAX_BODY_BYTES='1MB'" in done.stderr
     assert "Traceback" not in done.stderr
@@ -100,18 +101,7 @@ def test_a_vapid_key_that_is_no_private_key_is_refused_and_not_shown() -> None:
 
 def test_the_vapid_key_command_prints_a_key_the_setting_takes(tmp_path: Path) -> None:
     # It reads no settings: it runs where `serve` is refused for want of its key.
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "app.py"), "vapid-key"],
-        cwd=ROOT,
-        env={
-            "PATH": "/usr/bin:/bin",
-            "MIFAMILIAS_AWS_REGION": "eu-west-1",
-            "MIFAMILIAS_DATA_DIR": str(tmp_path),
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = app_command(tmp_path, ["vapid-key"], MIFAMILIAS_AWS_REGION="eu-west-1")
     assert done.returncode == 0, done.stderr
     key = done.stdout.strip()
     assert done.stdout == key + "\n"  # the key alone, for $(python app.py vapid-key)
