@@ -52,6 +52,9 @@ class Sizes:
     round_trip_latency: float = 0.01
     robust_seconds: float = 10.0
     robust_subscribers: int = 10_000
+    # (e): subscribers that stop reading, beside others that read.
+    slow_readers: int = 60
+    normal_readers: int = 30
     scaleout_members: int = 600
     scaleout_capsules: int = 39
     scaleout_rounds: int = 5
@@ -101,6 +104,8 @@ TINY = Sizes(
     round_trip_latency=0.001,
     robust_seconds=0.5,
     robust_subscribers=4,
+    slow_readers=4,
+    normal_readers=2,
     scaleout_members=6,
     scaleout_capsules=3,
     scaleout_rounds=1,

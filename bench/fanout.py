@@ -151,6 +151,14 @@ def settle_seconds(clients: int) -> float:
     return 1.0 + clients / 1000
 
 
+def until_received(clients: Clients, expected: int, bound: float) -> None:
+    """Until the client processes hold `expected` events, or `bound` seconds
+    have passed (what is still missing then is counted as missed)."""
+    deadline = time.monotonic() + bound
+    while clients.count() < expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def idle_memory(server: Server, tokens: list[str], warm: list[str], processes: int) -> tuple[float, Clients]:
     """KB of server RSS per idle subscription; the clients stay connected."""
     warm_clients = Clients(server.url.replace("http", "ws") + server.ws_path, warm, 1)  # type: ignore[attr-defined]
@@ -197,7 +205,7 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
                             f"the capsules did not unlock:\n{server.log_path.read_text()[-3000:]}"
                         )
                     time.sleep(0.05)
-                time.sleep(settle_seconds(n))
+                until_received(clients, n * (r + 1), settle_seconds(n))
         finally:
             received = clients.stop()
     commits = read_log(unlock_log)
@@ -229,7 +237,7 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
                             f"the capsules did not unlock:\n{server.log_path.read_text()[-3000:]}"
                         )
                     time.sleep(0.05)
-                time.sleep(settle_seconds(n))
+                until_received(clients, n * (r + 1), settle_seconds(n))
         finally:
             received = clients.stop()
     sse_commits = read_log(sse_log)
@@ -256,7 +264,7 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
                 )
                 with urllib.request.urlopen(request, timeout=60) as response:
                     starts.append(float(json.loads(response.read())["started"]))
-                time.sleep(settle_seconds(n))
+                until_received(clients, n * (r + 1), settle_seconds(n))
         finally:
             received = clients.stop()
     for r, started in enumerate(starts):

@@ -418,8 +418,8 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
             f"within {time.monotonic() - measure_started:.1f} s",
         )
     rows = rows_of(results, memory)
-    rows += slow_readers(log_dir, "sqlite")
-    rows += slow_readers(log_dir, "dynamodb")
+    rows += slow_readers(sizes, log_dir, "sqlite")
+    rows += slow_readers(sizes, log_dir, "dynamodb")
     rows += push_behind_slow_devices(log_dir)
     rows += long_transcode(sizes, log_dir)
     return rows
@@ -483,13 +483,12 @@ def long_transcode(sizes: Sizes, log_dir: Path) -> list[Row]:
     ]
 
 
-SLOW_READERS, NORMAL_READERS = 60, 30
 DELIVERY_TARGET_S = 2.0
 
 
-def slow_readers(log_dir: Path, engine: str) -> list[Row]:
+def slow_readers(sizes: Sizes, log_dir: Path, engine: str) -> list[Row]:
     """(e) 60 subscribers that stop reading, with large selections, beside 30
-    of another family that read (tests/test_slow_clients.py's scenario):
+    of another family that read (fewer in the smaller sizes) (tests/test_slow_clients.py's scenario):
     /healthz p99 meanwhile, and how late after its date the normal ones get a
     capsule's opening. A server of its own, on `engine` (DynamoDB: a table on
     a moto_server of its own, and Redis): the scheduler polls, slow clients are
@@ -497,6 +496,7 @@ def slow_readers(log_dir: Path, engine: str) -> list[Row]:
     from tests.servers import SECRET as TEST_SECRET  # the scenario's tokens
     from tests.test_slow_clients import slow_and_normal
 
+    slow_count, normal_count = sizes.slow_readers, sizes.normal_readers
     data_dir = log_dir / f"slow-readers-{engine}"
     data_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -513,19 +513,19 @@ def slow_readers(log_dir: Path, engine: str) -> list[Row]:
         with graphql_server(env, log_dir) as server:
             probe = Probe(f"{server.url}/healthz")
             try:
-                outcome = asyncio.run(slow_and_normal(server, SLOW_READERS, NORMAL_READERS))
+                outcome = asyncio.run(slow_and_normal(server, slow_count, normal_count))
             finally:
                 latencies, failures = probe.stop()
     on = "SQLite" if engine == "sqlite" else "DynamoDB (moto) and Redis"
-    name = f"(e) {SLOW_READERS} slow readers beside {NORMAL_READERS} normal subscribers, {on}"
+    name = f"(e) {slow_count} slow readers beside {normal_count} normal subscribers, {on}"
     closed = sum(1 for code in outcome.codes if code == 4408)
     rows = rows_of(
         {
             name: (
                 latencies,
                 failures,
-                f"{closed} of {SLOW_READERS} slow sockets closed 4408, {outcome.let_go:.0f} counted; "
-                f"{outcome.processed - NORMAL_READERS:.0f} events processed for the slow connections",
+                f"{closed} of {slow_count} slow sockets closed 4408, {outcome.let_go:.0f} counted; "
+                f"{outcome.processed - normal_count:.0f} events processed for the slow connections",
             )
         },
         {},
@@ -538,7 +538,7 @@ def slow_readers(log_dir: Path, engine: str) -> list[Row]:
             f"{late_p50:.2f} / {late_p99:.2f}",
             f"p50 / p99 of {len(outcome.late)}; the unlock poll is 0.5 s",
             target=f"≤ {DELIVERY_TARGET_S:.0f} s",
-            met=verdict(len(outcome.late) == NORMAL_READERS and late_p99 <= DELIVERY_TARGET_S),
+            met=verdict(len(outcome.late) == normal_count and late_p99 <= DELIVERY_TARGET_S),
         )
     )
     return rows

@@ -261,9 +261,17 @@ async def _status(server: ServerProcess, content_id: str) -> str:
     return str(body["data"]["content"]["status"])
 
 
-async def _killed_mid_transcode(engine: dict[str, str], tmp_path: Path, lease_seconds: int = 3) -> str:
-    """A server process SIGKILLed while it transcodes a video: the content's id."""
-    video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
+@pytest.fixture(scope="module")
+def long_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A video whose transcode lasts long enough to be caught in the middle
+    (seconds of x264 work at 640×360), made once for the module's tests."""
+    return media_factory.make_video_with_tone(tmp_path_factory.mktemp("video"), size=(640, 360), seconds=30)
+
+
+async def _killed_mid_transcode(
+    engine: dict[str, str], tmp_path: Path, video: Path, lease_seconds: int = 3
+) -> str:
+    """A server process SIGKILLed while it transcodes `video`: the content's id."""
     env = pipeline_env(engine, MIFAMILIAS_PIPELINE_LEASE_SECONDS=str(lease_seconds))
     first = ServerProcess(tmp_path / "data", env, name="first").start()
     try:
@@ -282,9 +290,9 @@ async def _killed_mid_transcode(engine: dict[str, str], tmp_path: Path, lease_se
 
 
 async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
-    engine: dict[str, str], tmp_path: Path
+    engine: dict[str, str], tmp_path: Path, long_video: Path
 ) -> None:
-    content_id = await _killed_mid_transcode(engine, tmp_path)
+    content_id = await _killed_mid_transcode(engine, tmp_path, long_video)
     second = ServerProcess(tmp_path / "data", pipeline_env(engine), name="second").start()
     try:
         seen = await _statuses_until_ready(second, content_id, "the content to be READY after the restart")
@@ -294,14 +302,14 @@ async def test_content_held_by_a_killed_worker_resumes_within_the_lease(
 
 
 async def test_stalled_content_can_be_retried_once_its_lease_ran_out(
-    engine: dict[str, str], tmp_path: Path
+    engine: dict[str, str], tmp_path: Path, long_video: Path
 ) -> None:
     # A dead worker's lease that outlasts the test, and a successor that sweeps
     # once, as it starts, and then not for an hour: only the author's retry can
     # move the content, and only once the lease has run out. The lease's running
     # out is written into the table (its expiry set in the past), which is all
     # that the passing of its time changes.
-    content_id = await _killed_mid_transcode(engine, tmp_path, lease_seconds=3600)
+    content_id = await _killed_mid_transcode(engine, tmp_path, long_video, lease_seconds=3600)
     second = ServerProcess(
         tmp_path / "data", pipeline_env(engine, MIFAMILIAS_PIPELINE_RECOVERY_SECONDS="3600"), name="second"
     ).start()
@@ -352,16 +360,15 @@ async def _exited(server: ServerProcess) -> None:
 
 
 async def test_a_worker_stopped_mid_transcode_hands_its_lease_back(
-    engine: dict[str, str], tmp_path: Path
+    engine: dict[str, str], tmp_path: Path, long_video: Path
 ) -> None:
-    video = media_factory.make_video_with_tone(tmp_path, size=(1280, 720), seconds=30)
     # A lease nobody outlives here: only a lease handed back lets the second
     # process take the content, and its recovery pass looks twice a second.
     env = pipeline_env(engine, MIFAMILIAS_PIPELINE_LEASE_SECONDS="3600")
     first = ServerProcess(tmp_path / "data", env, name="first").start()
     second: ServerProcess | None = None
     try:
-        content_id = await _start_video(first, video)
+        content_id = await _start_video(first, long_video)
 
         async def transcoding() -> bool:
             status = await _status(first, content_id)
