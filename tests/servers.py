@@ -77,7 +77,10 @@ class ServerProcess:
     def ws_url(self) -> str:
         return f"ws://127.0.0.1:{self.port}/graphql"
 
-    def start(self, timeout: float = 30) -> ServerProcess:
+    # Start-up bounds only bound a failure: on a machine busy with other work an
+    # interpreter importing the app can take most of a minute, and a start that
+    # answers returns at once.
+    def start(self, timeout: float = 120) -> ServerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
@@ -93,6 +96,7 @@ class ServerProcess:
                         return self
             except OSError:
                 time.sleep(0.1)
+        self.stop()  # a start that failed leaves nothing running
         raise RuntimeError(f"{self.name} did not answer:\n{self.log_path.read_text()}")
 
     def stop(self) -> None:
@@ -135,7 +139,7 @@ class RedisProcess:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10) -> RedisProcess:
+    def start(self, timeout: float = 60) -> RedisProcess:
         import shutil
 
         binary = shutil.which("redis-server")
@@ -194,7 +198,7 @@ def moto_server_process(log_dir: Path) -> Iterator[tuple[str, subprocess.Popen[b
             stderr=log,
         )
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120
         while True:
             if process.poll() is not None:
                 pytest.fail(f"moto_server exited ({process.returncode}):\n{log_path.read_text()}")
