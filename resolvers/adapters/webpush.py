@@ -47,6 +47,13 @@ METADATA = frozenset(
 # an hour before it runs out: one signature per push service and half-day.
 VAPID_LIFETIME = 12 * 3600
 VAPID_RENEW = 3600
+# Sends at once to one push service, each on a keep-alive connection of its
+# pool: more than a person's devices (20), so one person's slow pushes never
+# hold all of a push service's connections.
+PER_ORIGIN = 32
+# Push services with a pool of their own; the rest share one.
+MAX_POOLS = 64
+OTHER_ORIGINS = "other"
 
 
 class Refused(ValueError):
@@ -251,15 +258,50 @@ class Outcome:
         return self.status == 429 or self.status >= 500 or self.status == 0
 
 
+@dataclass(frozen=True)
+class Pool:
+    """The connections to one push service: a client of its own, whose
+    keep-alive connections every push to it shares, and as many sends at
+    once as it has connections (a send waits for a slot here, not in httpx's
+    pool, so the wait does not count against the request's timeout)."""
+
+    client: httpx.AsyncClient
+    slots: asyncio.Semaphore
+
+
 class WebPushSender:
     def __init__(
-        self, vapid: Vapid02, subject: str, allowed_origins: Sequence[str], *, timeout: float = 10.0
+        self,
+        vapid: Vapid02,
+        subject: str,
+        allowed_origins: Sequence[str],
+        *,
+        timeout: float = 10.0,
+        per_origin: int = PER_ORIGIN,
     ) -> None:
         self.vapid = vapid
         self.subject = subject
         self.allowed = tuple(allowed_origins)
-        self.client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, http2=False)
+        self.timeout = timeout
+        self.per_origin = per_origin
+        self._pools: dict[str, Pool] = {}
         self._tokens: dict[str, tuple[float, str]] = {}
+
+    def pool(self, origin: str) -> Pool:
+        """The push service's pool, made on its first push. Past `MAX_POOLS`
+        push services (there are a handful; endpoints are what people give us)
+        the rest share one, so the pools stay bounded whatever is registered."""
+        found = self._pools.get(origin)
+        if found is None and len(self._pools) >= MAX_POOLS:
+            origin = OTHER_ORIGINS
+            found = self._pools.get(origin)
+        if found is None:
+            limits = httpx.Limits(max_connections=self.per_origin, max_keepalive_connections=self.per_origin)
+            client = httpx.AsyncClient(
+                timeout=self.timeout, limits=limits, follow_redirects=False, http2=False
+            )
+            found = self._pools[origin] = Pool(client, asyncio.Semaphore(self.per_origin))
+        return found
 
     @property
     def public_key(self) -> str:
@@ -304,8 +346,10 @@ class WebPushSender:
         url, extensions = _pinned(subscription.endpoint, address)
         if address is not None:
             headers["Host"] = urlsplit(subscription.endpoint).netloc
+        pool = self.pool(origin_of(subscription.endpoint))
         try:
-            response = await self.client.post(url, content=body, headers=headers, extensions=extensions)
+            async with pool.slots:
+                response = await pool.client.post(url, content=body, headers=headers, extensions=extensions)
         except httpx.HTTPError:
             return Outcome(0)
         return Outcome(response.status_code, response.headers.get("Retry-After"))
@@ -314,7 +358,8 @@ class WebPushSender:
         return self._encrypt(subscription, message), self.authorization(origin_of(subscription.endpoint))
 
     async def close(self) -> None:
-        await self.client.aclose()
+        pools, self._pools = list(self._pools.values()), {}
+        await asyncio.gather(*(pool.client.aclose() for pool in pools))
 
 
 def _pinned(endpoint: str, address: str | None) -> tuple[str, Mapping[str, object]]:
