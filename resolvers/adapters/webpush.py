@@ -21,6 +21,7 @@ import binascii
 import ipaddress
 import os
 import socket
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ VAPID_RENEW = 3600
 # pool: more than a person's devices (20), so one person's slow pushes never
 # hold all of a push service's connections.
 PER_ORIGIN = 32
+# Connections in one httpx client of a pool (`Pool`).
+CONNECTIONS_PER_CLIENT = 8
 # Push services with a pool of their own; the rest share one.
 MAX_POOLS = 64
 OTHER_ORIGINS = "other"
@@ -258,15 +261,49 @@ class Outcome:
         return self.status == 429 or self.status >= 500 or self.status == 0
 
 
-@dataclass(frozen=True)
 class Pool:
-    """The connections to one push service: a client of its own, whose
-    keep-alive connections every push to it shares, and as many sends at
-    once as it has connections (a send waits for a slot here, not in httpx's
-    pool, so the wait does not count against the request's timeout)."""
+    """The connections to one push service, which every push to it shares:
+    keep-alive connections in a few httpx clients of at most
+    `CONNECTIONS_PER_CLIENT` each (httpcore looks over every connection of a
+    client for each request it starts and ends, so one client of many
+    connections costs more CPU per push than the push itself), and at most
+    `size` sends at once. A send waits for a slot here, not in httpx's pool,
+    so the wait does not count against the request's timeout."""
 
-    client: httpx.AsyncClient
-    slots: asyncio.Semaphore
+    def __init__(self, size: int, timeout: float, tls: ssl.SSLContext | None = None) -> None:
+        counts = [CONNECTIONS_PER_CLIENT] * (size // CONNECTIONS_PER_CLIENT)
+        if size % CONNECTIONS_PER_CLIENT:
+            counts.append(size % CONNECTIONS_PER_CLIENT)
+        self.clients = [
+            httpx.AsyncClient(
+                timeout=timeout,
+                verify=tls if tls is not None else True,
+                limits=httpx.Limits(max_connections=count, max_keepalive_connections=count),
+                follow_redirects=False,
+                http2=False,
+            )
+            for count in counts
+        ]
+        self._free = list(counts)
+        self.slots = asyncio.Semaphore(size)
+
+    async def post(
+        self, url: str, *, content: bytes, headers: Mapping[str, str], extensions: Mapping[str, object]
+    ) -> httpx.Response:
+        async with self.slots:
+            # The client with the most connections free: one is, since the
+            # slots are as many as the clients' connections.
+            n = max(range(len(self.clients)), key=self._free.__getitem__)
+            self._free[n] -= 1
+            try:
+                return await self.clients[n].post(
+                    url, content=content, headers=headers, extensions=extensions
+                )
+            finally:
+                self._free[n] += 1
+
+    async def close(self) -> None:
+        await asyncio.gather(*(client.aclose() for client in self.clients))
 
 
 class WebPushSender:
@@ -285,6 +322,7 @@ class WebPushSender:
         self.timeout = timeout
         self.per_origin = per_origin
         self._pools: dict[str, Pool] = {}
+        self._tls: ssl.SSLContext | None = None
         self._tokens: dict[str, tuple[float, str]] = {}
 
     def pool(self, origin: str) -> Pool:
@@ -296,11 +334,11 @@ class WebPushSender:
             origin = OTHER_ORIGINS
             found = self._pools.get(origin)
         if found is None:
-            limits = httpx.Limits(max_connections=self.per_origin, max_keepalive_connections=self.per_origin)
-            client = httpx.AsyncClient(
-                timeout=self.timeout, limits=limits, follow_redirects=False, http2=False
-            )
-            found = self._pools[origin] = Pool(client, asyncio.Semaphore(self.per_origin))
+            if self._tls is None:
+                # Loading the certificate authorities takes tens of milliseconds:
+                # once for every pool's clients.
+                self._tls = httpx.create_ssl_context()
+            found = self._pools[origin] = Pool(self.per_origin, self.timeout, self._tls)
         return found
 
     @property
@@ -348,8 +386,7 @@ class WebPushSender:
             headers["Host"] = urlsplit(subscription.endpoint).netloc
         pool = self.pool(origin_of(subscription.endpoint))
         try:
-            async with pool.slots:
-                response = await pool.client.post(url, content=body, headers=headers, extensions=extensions)
+            response = await pool.post(url, content=body, headers=headers, extensions=extensions)
         except httpx.HTTPError:
             return Outcome(0)
         return Outcome(response.status_code, response.headers.get("Retry-After"))
@@ -359,7 +396,7 @@ class WebPushSender:
 
     async def close(self) -> None:
         pools, self._pools = list(self._pools.values()), {}
-        await asyncio.gather(*(pool.client.aclose() for pool in pools))
+        await asyncio.gather(*(pool.close() for pool in pools))
 
 
 def _pinned(endpoint: str, address: str | None) -> tuple[str, Mapping[str, object]]:

@@ -20,6 +20,7 @@ from store.port import Key, all_items
 from tests.api.conftest import Api, running_api
 from tests.api.test_capsules import SCHEDULE, make_capsule
 from tests.api.test_resume import note_for
+from tests.counting import CountingTable
 from tests.factories import capsule_rows, family_rows, family_with_members, settle, upload
 from tests.push_service import PushService, b64url, running_push_service
 from tests.servers import until
@@ -436,14 +437,16 @@ async def test_an_opening_costs_at_most_two_store_calls_a_push(api: Api, service
     what is left per push is the query of the person's devices."""
     people = [f"r{n}" for n in range(RECIPIENTS)]
     await opened_for(api, service, people)
+    counting = api.table
+    assert isinstance(counting, CountingTable)
     await api.services.pusher.start()
-    api.table.reset()
+    counting.reset()
     await pushed(api)
     assert service.problems == []
     assert [len(service.to(person)) for person in people] == [1] * RECIPIENTS
     assert await outbox(api) == []
-    calls = api.table.total_calls
-    assert calls <= 2 * RECIPIENTS, (calls, dict(api.table.calls))
+    calls = counting.total_calls
+    assert calls <= 2 * RECIPIENTS, (calls, dict(counting.calls))
 
 
 async def test_a_batch_claimed_by_a_process_that_died_is_pushed_once_after_its_lease(
