@@ -2,7 +2,9 @@
 
 Prepared operations, parsed documents, persisted documents and the users a
 process has seen are each an LRU (cachetools'); this is where their bounds are
-set, so that none grows with what clients send."""
+set, so that none grows with what clients send. What may be only a little old
+(the families and open capsules the push workers read) is an LRU whose entries
+also expire."""
 
 from __future__ import annotations
 

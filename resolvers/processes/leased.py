@@ -10,6 +10,12 @@ write clears it. A process that dies lets go when the lease runs out; a process
 that stops on purpose hands back what it held (`stop`), so another process's
 next recovery pass resumes it at once.
 
+A job that shares its reads between items (the pusher: an opening's notes all
+name one family and one capsule) gives `handle_many`: each worker then takes up
+to `batch` keys at once, claims them in one batched claim (`Lease.claim_many`),
+renews them together, and hands the claimed items over together; each is still
+settled on its own. Every other job takes one key at a time.
+
 Workers take keys in fair order between the people they are for (`FairQueue`):
 one person's 50 uploads or 30 pushes to slow devices hold at most one worker
 at a time, and another person's item goes next, not after theirs. A key's

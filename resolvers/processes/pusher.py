@@ -3,11 +3,13 @@ notification to its person's devices, once per device, however many run.
 
 The notification is the outbox: `notifications.write` puts every note in the
 push outbox (GSI1 `PUSH_OUTBOX`) in the transaction that writes it. A worker
-claims a note under a lease, reads what decides the push now (the person's
-`pushTypes`, their membership of the family and whether it is muted, the
-capsule's status, their devices), sends to each device not yet pushed to,
-records each device it reached on the note (`pushedTo`), and settles the note
-out of the outbox, every write conditioned on the lease. A process killed
+claims up to `BATCH` notes (one of each person's) in one batched claim, reads
+what decides their pushes now once for them all (the people's `pushTypes`,
+their memberships of the family and whether it is muted, the capsule's status,
+their devices), sends to each device not yet pushed to, records each device it
+reached on the note (`pushedTo`), and settles each note out of the outbox,
+every write conditioned on the note's lease and committed with the others'
+(`GroupedWrites`). A process killed
 between the claim and a send leaves a lease that runs out: the next claim
 sends to the devices not recorded. A push service that answers 429 or 5xx
 has the note handed back with `pushRetryAt` (its Retry-After, or a backoff);
