@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import ipaddress
 import os
 import socket
@@ -261,6 +262,13 @@ class Outcome:
         return self.status == 429 or self.status >= 500 or self.status == 0
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The TLS settings of every push: loading the certificate authorities takes
+    tens of milliseconds, so once for the process, on its first push."""
+    return httpx.create_ssl_context()
+
+
 class Pool:
     """The connections to one push service, which every push to it shares:
     keep-alive connections in a few httpx clients of at most
@@ -322,7 +330,6 @@ class WebPushSender:
         self.timeout = timeout
         self.per_origin = per_origin
         self._pools: dict[str, Pool] = {}
-        self._tls: ssl.SSLContext | None = None
         self._tokens: dict[str, tuple[float, str]] = {}
 
     def pool(self, origin: str) -> Pool:
@@ -334,11 +341,7 @@ class WebPushSender:
             origin = OTHER_ORIGINS
             found = self._pools.get(origin)
         if found is None:
-            if self._tls is None:
-                # Loading the certificate authorities takes tens of milliseconds:
-                # once for every pool's clients.
-                self._tls = httpx.create_ssl_context()
-            found = self._pools[origin] = Pool(self.per_origin, self.timeout, self._tls)
+            found = self._pools[origin] = Pool(self.per_origin, self.timeout, tls_context())
         return found
 
     @property
