@@ -197,7 +197,11 @@ async def _open_push(
     settings.check_serving()
     vapid = webpush.load_vapid(settings.data_dir, settings.vapid_private_key)
     web = WebPushSender(
-        vapid, settings.vapid_subject, settings.push_allowed_origins, timeout=settings.push_timeout_seconds
+        vapid,
+        settings.vapid_subject,
+        settings.push_allowed_origins,
+        timeout=settings.push_timeout_seconds,
+        per_origin=settings.push_connections_per_origin,
     )
     stack.push_async_callback(web.close)
     native: SnsPush | None = None

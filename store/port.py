@@ -7,6 +7,7 @@ has both `GSI1PK` and `GSI1SK` (or `GSI2PK` and `GSI2SK`), as in DynamoDB.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, TypedDict, Unpack
@@ -278,3 +279,38 @@ async def all_items(
     table: Table, pk: str, sk: SortKey | None = None, **options: Unpack[WalkOptions]
 ) -> list[Item]:
     return [item async for item in every_item(table, pk, sk, **options)]
+
+
+# Many conditional updates ---------------------------------------------------------
+
+
+async def update_each(table: Table, updates: Sequence[Update]) -> set[Key]:
+    """Each update on its own condition, in as few calls as the table allows:
+    up to `MAX_TRANSACTION_ITEMS` in one transaction (a lone update as itself),
+    the chunks at once. An update whose condition fails is left out and the rest
+    of its chunk committed without it; the keys left out are returned. Each key
+    at most once. The updates are no more atomic together than apart: the
+    transaction is only how one call carries several conditional writes."""
+    refused: set[Key] = set()
+
+    async def commit(part: list[Update]) -> None:
+        while part:
+            if len(part) == 1:
+                try:
+                    await table.update(part[0])
+                except ConditionFailed:
+                    refused.add(part[0].key)
+                return
+            try:
+                await table.transact(part)
+                return
+            except TransactionCancelled as cancelled:
+                failed = {r.key for r in cancelled.reasons if r.reason == "ConditionalCheckFailed"}
+                if not failed:
+                    raise  # a conflict past the engine's own retries: not the items' doing
+                refused.update(failed)
+                part = [update for update in part if update.key not in failed]
+
+    size = MAX_TRANSACTION_ITEMS
+    await asyncio.gather(*(commit(list(updates[n : n + size])) for n in range(0, len(updates), size)))
+    return refused

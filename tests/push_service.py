@@ -218,7 +218,12 @@ def running_push_service(verify: bool = True) -> Iterator[PushService]:
         def log_message(self, *_: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        # A push service takes many connections at once: the pusher opens up to
+        # its bound per push service together (socketserver's backlog is 5).
+        request_queue_size = 256
+
+    server = Server(("127.0.0.1", 0), Handler)
     service = PushService(f"http://127.0.0.1:{server.server_address[1]}", verify=verify)
     holder["service"] = service
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -18,9 +18,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import ipaddress
 import os
 import socket
+import ssl
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +49,15 @@ METADATA = frozenset(
 # an hour before it runs out: one signature per push service and half-day.
 VAPID_LIFETIME = 12 * 3600
 VAPID_RENEW = 3600
+# Sends at once to one push service, each on a keep-alive connection of its
+# pool: more than a person's devices (20), so one person's slow pushes never
+# hold all of a push service's connections.
+PER_ORIGIN = 32
+# Connections in one httpx client of a pool (`Pool`).
+CONNECTIONS_PER_CLIENT = 8
+# Push services with a pool of their own; the rest share one.
+MAX_POOLS = 64
+OTHER_ORIGINS = "other"
 
 
 class Refused(ValueError):
@@ -251,15 +262,87 @@ class Outcome:
         return self.status == 429 or self.status >= 500 or self.status == 0
 
 
+@functools.cache
+def tls_context() -> ssl.SSLContext:
+    """The TLS settings of every push: loading the certificate authorities takes
+    tens of milliseconds, so once for the process, on its first push."""
+    return httpx.create_ssl_context()
+
+
+class Pool:
+    """The connections to one push service, which every push to it shares:
+    keep-alive connections in a few httpx clients of at most
+    `CONNECTIONS_PER_CLIENT` each (httpcore looks over every connection of a
+    client for each request it starts and ends, so one client of many
+    connections costs more CPU per push than the push itself), and at most
+    `size` sends at once. A send waits for a slot here, not in httpx's pool,
+    so the wait does not count against the request's timeout."""
+
+    def __init__(self, size: int, timeout: float, tls: ssl.SSLContext | None = None) -> None:
+        counts = [CONNECTIONS_PER_CLIENT] * (size // CONNECTIONS_PER_CLIENT)
+        if size % CONNECTIONS_PER_CLIENT:
+            counts.append(size % CONNECTIONS_PER_CLIENT)
+        self.clients = [
+            httpx.AsyncClient(
+                timeout=timeout,
+                verify=tls if tls is not None else True,
+                limits=httpx.Limits(max_connections=count, max_keepalive_connections=count),
+                follow_redirects=False,
+                http2=False,
+            )
+            for count in counts
+        ]
+        self._free = list(counts)
+        self.slots = asyncio.Semaphore(size)
+
+    async def post(
+        self, url: str, *, content: bytes, headers: Mapping[str, str], extensions: Mapping[str, object]
+    ) -> httpx.Response:
+        async with self.slots:
+            # The client with the most connections free: one is, since the
+            # slots are as many as the clients' connections.
+            n = max(range(len(self.clients)), key=self._free.__getitem__)
+            self._free[n] -= 1
+            try:
+                return await self.clients[n].post(
+                    url, content=content, headers=headers, extensions=extensions
+                )
+            finally:
+                self._free[n] += 1
+
+    async def close(self) -> None:
+        await asyncio.gather(*(client.aclose() for client in self.clients))
+
+
 class WebPushSender:
     def __init__(
-        self, vapid: Vapid02, subject: str, allowed_origins: Sequence[str], *, timeout: float = 10.0
+        self,
+        vapid: Vapid02,
+        subject: str,
+        allowed_origins: Sequence[str],
+        *,
+        timeout: float = 10.0,
+        per_origin: int = PER_ORIGIN,
     ) -> None:
         self.vapid = vapid
         self.subject = subject
         self.allowed = tuple(allowed_origins)
-        self.client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, http2=False)
+        self.timeout = timeout
+        self.per_origin = per_origin
+        self._pools: dict[str, Pool] = {}
         self._tokens: dict[str, tuple[float, str]] = {}
+
+    def pool(self, origin: str) -> Pool:
+        """The push service's pool, made on its first push. Past `MAX_POOLS`
+        push services (there are a handful; endpoints are what people give us)
+        the rest share one, so the pools stay bounded whatever is registered."""
+        found = self._pools.get(origin)
+        if found is None and len(self._pools) >= MAX_POOLS:
+            origin = OTHER_ORIGINS
+            found = self._pools.get(origin)
+        if found is None:
+            found = self._pools[origin] = Pool(self.per_origin, self.timeout, tls_context())
+        return found
 
     @property
     def public_key(self) -> str:
@@ -304,8 +387,9 @@ class WebPushSender:
         url, extensions = _pinned(subscription.endpoint, address)
         if address is not None:
             headers["Host"] = urlsplit(subscription.endpoint).netloc
+        pool = self.pool(origin_of(subscription.endpoint))
         try:
-            response = await self.client.post(url, content=body, headers=headers, extensions=extensions)
+            response = await pool.post(url, content=body, headers=headers, extensions=extensions)
         except httpx.HTTPError:
             return Outcome(0)
         return Outcome(response.status_code, response.headers.get("Retry-After"))
@@ -314,7 +398,8 @@ class WebPushSender:
         return self._encrypt(subscription, message), self.authorization(origin_of(subscription.endpoint))
 
     async def close(self) -> None:
-        await self.client.aclose()
+        pools, self._pools = list(self._pools.values()), {}
+        await asyncio.gather(*(pool.close() for pool in pools))
 
 
 def _pinned(endpoint: str, address: str | None) -> tuple[str, Mapping[str, object]]:

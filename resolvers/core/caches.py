@@ -2,14 +2,16 @@
 
 Prepared operations, parsed documents, persisted documents and the users a
 process has seen are each an LRU (cachetools'); this is where their bounds are
-set, so that none grows with what clients send."""
+set, so that none grows with what clients send. What may be only a little old
+(the families and open capsules the push workers read) is an LRU whose entries
+also expire."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TypeVar
 
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -30,3 +32,9 @@ def weighed_lru(max_entries: int, max_weight: int, weight: Callable[[V], int]) -
         return max(share, weight(value))
 
     return LRUCache(maxsize=max_weight, getsizeof=weighed)
+
+
+def lru_for(max_entries: int, seconds: float) -> TTLCache[K, V]:
+    """At most `max_entries` entries, each for at most `seconds` after it was
+    put (on the monotonic clock): what may be a little old, not much."""
+    return TTLCache(maxsize=max_entries, ttl=seconds)

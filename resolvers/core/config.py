@@ -220,6 +220,8 @@ class Settings(BaseSettings):
     push_lease_seconds: PositiveFloat = 60.0
     push_recovery_seconds: PositiveFloat = 15.0
     push_timeout_seconds: PositiveFloat = 10.0
+    # Sends at once to one push service (its pool's keep-alive connections).
+    push_connections_per_origin: Annotated[int, Field(ge=1)] = 32
 
     @field_validator("vapid_private_key")
     @classmethod

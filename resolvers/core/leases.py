@@ -17,7 +17,7 @@ clears those names in the same conditional write, so that process's last write
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -36,6 +36,7 @@ from store.port import (
     all_of,
     any_of,
     eq,
+    update_each,
 )
 
 UNTIL = "leaseUntil"
@@ -131,6 +132,49 @@ class Lease:
         except ConditionFailed:
             return None  # done, gone, or held by another
 
+    async def claim_many(
+        self,
+        table: Table,
+        keys: Sequence[Key],
+        now: datetime,
+        *,
+        when: Condition | None = None,
+        count: bool = False,
+        changes: Mapping[str, Any] | None = None,
+    ) -> dict[Key, Item]:
+        """`claim` for many items in few calls: one conditional write per item,
+        up to a hundred to a transaction (`store.port.update_each`), then one
+        read of those taken. Each item is taken or not on its own condition,
+        as by `claim`; the items this holder now holds, as they now are. A
+        holder that dies after this holds them until their lease runs out, as
+        after `claim`: nothing was done with them yet, so the next claim does
+        it all, once."""
+        wanted = list(dict.fromkeys(keys))
+        if len(wanted) == 1:
+            one = await self.claim(table, wanted[0], now, when=when, count=count, changes=changes)
+            return {wanted[0]: one} if one is not None else {}
+        condition = all_of(Exists(), free(now), *([when] if when is not None else []))
+        refused = await update_each(
+            table,
+            [
+                Update(
+                    key,
+                    set={**(changes or {}), **self.stamp(now)},
+                    remove=PREVIOUS_NAMES,
+                    add={ATTEMPTS: 1} if count else {},
+                    condition=condition,
+                )
+                for key in wanted
+            ],
+        )
+        taken = [key for key in wanted if key not in refused]
+        if not taken:
+            return {}
+        # A transaction answers nothing of the items: one read of them all. An
+        # item deleted since (its person's account, say) is simply not handed out.
+        found = await table.batch_get(taken)
+        return {key: found[key] for key in taken if key in found}
+
     async def take(self, table: Table, key: Key, now: datetime) -> bool:
         """Takes the item whoever holds it: for a request, whose person asked
         just now and outranks a background run (every step is conditional)."""
@@ -148,6 +192,17 @@ class Lease:
         except ConditionFailed:
             return False
         return True
+
+    async def renew_many(
+        self, table: Table, keys: Sequence[Key], now: datetime, *, when: Condition | None = None
+    ) -> list[Key]:
+        """`renew` for many items in few calls; the keys still this holder's."""
+        condition = all_of(self.held(), when) if when is not None else self.held()
+        until = iso(now + self.length)
+        refused = await update_each(
+            table, [Update(key, set={UNTIL: until}, condition=condition) for key in keys]
+        )
+        return [key for key in keys if key not in refused]
 
     async def release(self, table: Table, key: Key, *, when: Condition | None = None) -> bool:
         """Hands the item back, so that the next recovery pass (on any process)

@@ -10,6 +10,12 @@ write clears it. A process that dies lets go when the lease runs out; a process
 that stops on purpose hands back what it held (`stop`), so another process's
 next recovery pass resumes it at once.
 
+A job that shares its reads between items (the pusher: an opening's notes all
+name one family and one capsule) gives `handle_many`: each worker then takes up
+to `batch` keys at once, claims them in one batched claim (`Lease.claim_many`),
+renews them together, and hands the claimed items over together; each is still
+settled on its own. Every other job takes one key at a time.
+
 Workers take keys in fair order between the people they are for (`FairQueue`):
 one person's 50 uploads or 30 pushes to slow devices hold at most one worker
 at a time, and another person's item goes next, not after theirs. A key's
@@ -28,7 +34,7 @@ import contextlib
 import logging
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
@@ -158,6 +164,18 @@ class FairQueue:
             self._waiting.append(waiter)
             await waiter
 
+    async def get_many(self, limit: int) -> list[tuple[Key, str]]:
+        """Waits for one key, then takes up to `limit` in all without waiting,
+        in the same fair order and under the same bound per group as `get`:
+        a batch holds at most `per_group` keys of one person."""
+        taken = [await self.get()]
+        while len(taken) < limit:
+            more = self._take()
+            if more is None:
+                break
+            taken.append(more)
+        return taken
+
     def task_done(self, group: str) -> None:
         busy = self._busy.get(group, 0) - 1
         if busy > 0:
@@ -188,6 +206,9 @@ class Claim:
 
 
 Handler = Callable[[Claim], Awaitable[None]]
+# A job that works on several claimed items at once (what they share read once,
+# their writes committed together): each item still settles on its own.
+BatchHandler = Callable[[list[Claim]], Awaitable[None]]
 
 
 def cancelling() -> bool:
@@ -208,15 +229,22 @@ class LeasedQueue:
         table: Table,
         clock: Callable[[], datetime],
         lease: timedelta,
-        handle: Handler,
+        handle: Handler | None = None,
         workers: int = 1,
         queue_size: int = QUEUE_SIZE,
         owner: str | None = None,
+        handle_many: BatchHandler | None = None,
+        batch: int = 1,
     ) -> None:
+        """`handle` takes one claimed item; or `handle_many` takes up to `batch`
+        of them, claimed together (`Lease.claim_many`), of as many people."""
+        if (handle is None) == (handle_many is None):
+            raise ValueError("a leased queue takes `handle` or `handle_many`, one of them")
         self.spec = spec
         self.table = table
         self.clock = clock
-        self.handle = handle
+        self.handle_many: BatchHandler = handle_many if handle_many is not None else _one_at_a_time(handle)
+        self.batch = batch if handle_many is not None else 1
         self.workers = workers
         # Whose lease it is: renewals and releases touch only this process's own.
         self.lease = Lease(owner or uuid.uuid4().hex, lease)
@@ -274,18 +302,20 @@ class LeasedQueue:
 
     async def _work(self) -> None:
         while True:
-            key, group = await self.queue.get()
-            self._queued.discard(key)
+            taken = await self.queue.get_many(self.batch)
+            keys = [key for key, _ in taken]
+            self._queued.difference_update(keys)
             try:
-                await self.run(key)
+                await self.run_many(keys)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 if cancelling():
                     raise asyncio.CancelledError from None
-                log.exception("%s: unexpected failure on %s", self.spec.name, key[0])
+                log.exception("%s: unexpected failure on %s", self.spec.name, ", ".join(k[0] for k in keys))
             finally:
-                self.queue.task_done(group)
+                for _, group in taken:
+                    self.queue.task_done(group)
 
     async def due(self) -> list[Key]:
         """The keys in the recovery partition that no live lease holds, in
@@ -322,33 +352,46 @@ class LeasedQueue:
     async def run(self, key: Key) -> bool:
         """Claims the item and hands it to the job; False when it was not ours
         to take (done, gone, or held by another)."""
-        self._holding.add(key)
+        return await self.run_many([key]) > 0
+
+    async def run_many(self, keys: Sequence[Key]) -> int:
+        """Claims the items in one batched claim and hands those taken to the
+        job together; how many were ours to take."""
+        self._holding.update(keys)
         cancelled = False
         try:
             now = self.clock()
-            claimed = await self.lease.claim(
+            claimed = await self.lease.claim_many(
                 self.table,
-                key,
+                keys,
                 now,
                 when=self.spec.claimable,
                 count=self.spec.count_attempts,
                 changes=self.spec.on_claim,
             )
-            if claimed is None:
-                return False
-            if self.spec.due is not None and not self.spec.due(claimed, now):
-                # Listed (or submitted) before its last holder handed it back to
-                # wait, for a push service's Retry-After say: not before its time.
-                await self._not_yet(key)
-                return False
-            heartbeat = asyncio.create_task(self._renew(key), name=f"{self.spec.name}-lease")
+            claims: list[Claim] = []
+            for key in keys:
+                item = claimed.get(key)
+                if item is None:
+                    continue
+                if self.spec.due is not None and not self.spec.due(item, now):
+                    # Listed (or submitted) before its last holder handed it back to
+                    # wait, for a push service's Retry-After say: not before its time.
+                    await self._not_yet(key)
+                    continue
+                claims.append(Claim(key, item, self.lease, self.spec.previous_attempts))
+            if not claims:
+                return 0
+            heartbeat = asyncio.create_task(
+                self._renew([claim.key for claim in claims]), name=f"{self.spec.name}-lease"
+            )
             try:
-                await self.handle(Claim(key, claimed, self.lease, self.spec.previous_attempts))
+                await self.handle_many(claims)
             except asyncio.CancelledError:
-                cancelled = True  # stays noted: `stop` hands the lease back
+                cancelled = True  # stays noted: `stop` hands the leases back
                 raise
             except Exception:
-                if cancelling():  # stopped mid-step: the item is not at fault
+                if cancelling():  # stopped mid-step: the items are not at fault
                     cancelled = True
                     raise asyncio.CancelledError from None
                 raise
@@ -358,13 +401,13 @@ class LeasedQueue:
                 # task: suppressing CancelledError here would keep the worker
                 # alive and `stop` waiting for ever.
                 await asyncio.gather(heartbeat, return_exceptions=True)
-            return True
+            return len(claims)
         except asyncio.CancelledError:
             cancelled = True
             raise
         finally:
             if not cancelled:
-                self._holding.discard(key)
+                self._holding.difference_update(keys)
 
     async def _not_yet(self, key: Key) -> None:
         """Hands back an item claimed before it was due, the claim uncounted."""
@@ -374,15 +417,27 @@ class LeasedQueue:
                 Update(key, set=dict(leases.CLEARED), add=add, condition=self.lease.held())
             )
 
-    async def _renew(self, key: Key) -> None:
-        """Keeps the lease while the work goes on: a third of it at a time."""
-        while True:
+    async def _renew(self, keys: Sequence[Key]) -> None:
+        """Keeps the leases while the work goes on: a third of their length at
+        a time, for the items not done yet (in few calls, `Lease.renew_many`)."""
+        left = list(keys)
+        while left:
             await asyncio.sleep(self.lease.length.total_seconds() / 3)
             try:
-                if not await self.lease.renew(self.table, key, self.clock(), when=self.spec.claimable):
-                    return  # done, gone, or no longer ours
+                # What is done, gone, or no longer ours drops out.
+                left = await self.lease.renew_many(self.table, left, self.clock(), when=self.spec.claimable)
             except Exception:
-                log.exception("%s: could not renew the lease of %s", self.spec.name, key[0])
+                log.exception("%s: could not renew the leases of %s", self.spec.name, left[0][0])
+
+
+def _one_at_a_time(handle: Handler | None) -> BatchHandler:
+    assert handle is not None
+
+    async def handle_one(claims: list[Claim]) -> None:
+        for claim in claims:  # batches of one: `batch` is 1 for such a queue
+            await handle(claim)
+
+    return handle_one
 
 
 class LeasedJob:

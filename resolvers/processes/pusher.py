@@ -3,11 +3,13 @@ notification to its person's devices, once per device, however many run.
 
 The notification is the outbox: `notifications.write` puts every note in the
 push outbox (GSI1 `PUSH_OUTBOX`) in the transaction that writes it. A worker
-claims a note under a lease, reads what decides the push now (the person's
-`pushTypes`, their membership of the family and whether it is muted, the
-capsule's status, their devices), sends to each device not yet pushed to,
-records each device it reached on the note (`pushedTo`), and settles the note
-out of the outbox, every write conditioned on the lease. A process killed
+claims up to `BATCH` notes (one of each person's) in one batched claim, reads
+what decides their pushes now once for them all (the people's `pushTypes`,
+their memberships of the family and whether it is muted, the capsule's status,
+their devices), sends to each device not yet pushed to, records each device it
+reached on the note (`pushedTo`), and settles each note out of the outbox,
+every write conditioned on the note's lease and committed with the others'
+(`GroupedWrites`). A process killed
 between the claim and a send leaves a lease that runs out: the next claim
 sends to the devices not recorded. A push service that answers 429 or 5xx
 has the note handed back with `pushRetryAt` (its Retry-After, or a backoff);
@@ -25,19 +27,33 @@ from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Protocol
 
+from cachetools import TTLCache
+
 from resolvers.adapters.broker import Broker
 from resolvers.adapters.sns import NativeMessage, SnsPush
 from resolvers.adapters.webpush import Message, Refused, Subscription, WebPushSender
-from resolvers.core import leases
+from resolvers.core import caches, leases
 from resolvers.core.config import Settings
+from resolvers.core.grouped import GroupedWrites
 from resolvers.core.leases import Lease
 from resolvers.domain import notifications, push
 from resolvers.domain.access import READERS
-from resolvers.processes.leased import Claim, LeasedQueue, LeaseSpec
+from resolvers.processes.leased import Claim, LeasedQueue, LeaseSpec, cancelling
 from store import keys
 from store.enums import CapsuleStatus, NotificationType, PushPlatform
 from store.items import Capsule, Family, Membership, Notification, PushDevice, User, iso
-from store.port import Condition, ConditionFailed, Exists, Item, Key, Table, Update, all_of, eq
+from store.port import (
+    MAX_TRANSACTION_ITEMS,
+    Condition,
+    ConditionFailed,
+    Exists,
+    Item,
+    Key,
+    Table,
+    Update,
+    all_of,
+    eq,
+)
 
 log = logging.getLogger("mifamilias.pusher")
 
@@ -51,6 +67,11 @@ MAX_BACKOFF = timedelta(hours=1)
 MAX_RETRY_AFTER = timedelta(hours=6)
 # A capsule still opening is asked about again this soon.
 OPENING_WAIT = timedelta(seconds=5)
+# Notes a push worker claims and pushes together (one transaction of claims).
+BATCH = MAX_TRANSACTION_ITEMS
+# Families and open capsules a process keeps from one batch to the next.
+SHARED_ENTRIES = 1024
+SHARED_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +82,15 @@ class Tried:
     result: str | timedelta
     status: int | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class Reads:
+    """What decides a batch of notes' pushes: items by key (people,
+    memberships, families, capsules) and each person's devices."""
+
+    items: dict[Key, Item]
+    devices: dict[str, list[PushDevice]]
 
 
 @dataclass
@@ -116,34 +146,91 @@ class Pusher:
         self.clock = clock
         self.web = web
         self.native = native
+        self.writes = GroupedWrites(table)
+        # Families and open capsules read just now: the same for every note of
+        # an opening, read once for them all, whichever batch a note is in.
+        self._shared: TTLCache[Key, Item] = caches.lru_for(SHARED_ENTRIES, SHARED_SECONDS)
 
-    # One note ------------------------------------------------------------------------
+    # Notes -------------------------------------------------------------------------------
 
     async def handle(self, item: Item, lease: Held) -> None:
-        """Pushes one claimed note; every write to it is conditioned on still
-        holding its lease, and the last one lets go of it."""
-        finish = lease.finish
-        note = Notification.from_item(item)
+        """Pushes one claimed note (`handle_many` of one)."""
+        await self.handle_many([(item, lease)])
+
+    async def handle_many(self, claimed: Sequence[tuple[Item, Held]]) -> None:
+        """Pushes claimed notes, of as many people: what decides them is read
+        once for them all (`_read`), then each is pushed and settled on its
+        own, every write to it conditioned on still holding its lease, the
+        last one letting go of it. Their writes are committed together
+        (`GroupedWrites`); one note's failure is its own."""
         now = self.clock()
-        user_item, member_item, family_item, capsule_item, devices = await asyncio.gather(
-            self.table.get(keys.user(note.user_id)),
-            self.table.get(keys.member(note.family_id, note.user_id)) if note.family_id else _none(),
-            self.table.get(keys.family(note.family_id)) if note.family_id else _none(),
-            self.table.get(keys.capsule(note.capsule_id)) if note.capsule_id else _none(),
-            push.devices_of(self.table, note.user_id),
+        notes = [(Notification.from_item(item), item, lease) for item, lease in claimed]
+        reads = await self._read([note for note, _, _ in notes])
+
+        async def one(note: Notification, item: Item, lease: Held) -> None:
+            try:
+                await self._push(note, item, lease, reads, now)
+            except ConditionFailed:
+                log.warning("push of %s: its lease ran out while it was sent", note.user_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                if cancelling():
+                    raise
+                log.exception("push of a note of %s failed", note.user_id)
+
+        await asyncio.gather(*(one(*found) for found in notes))
+
+    async def _read(self, notes: Sequence[Notification]) -> Reads:
+        """What decides the notes' pushes, in one batch read and one query per
+        person: their people, memberships and devices; their families and
+        capsules, the same for all the notes of an opening, only where this
+        process has not read them just now (`_shared`)."""
+        wanted: list[Key] = []
+        shared: list[Key] = []
+        families: set[Key] = set()
+        for note in notes:
+            wanted.append(keys.user(note.user_id))
+            if note.family_id:
+                wanted.append(keys.member(note.family_id, note.user_id))
+                families.add(keys.family(note.family_id))
+                shared.append(keys.family(note.family_id))
+            if note.capsule_id:
+                shared.append(keys.capsule(note.capsule_id))
+        known = {key: item for key in dict.fromkeys(shared) if (item := self._shared.get(key)) is not None}
+        wanted += [key for key in dict.fromkeys(shared) if key not in known]
+        people = list(dict.fromkeys(note.user_id for note in notes))
+        found, devices = await asyncio.gather(
+            self.table.batch_get(list(dict.fromkeys(wanted))),
+            asyncio.gather(*(push.devices_of(self.table, person) for person in people)),
         )
+        for key in shared:
+            item = found.get(key)
+            if item is not None and (key in families or _open(item)):
+                # A family's name is what a push says of it, and an open capsule
+                # stays open: seconds old is as good as new for the notes to come.
+                self._shared[key] = item
+        return Reads({**known, **found}, dict(zip(people, devices, strict=True)))
+
+    async def _push(self, note: Notification, item: Item, lease: Held, reads: Reads, now: datetime) -> None:
+        finish = lease.finish
+        user_item = reads.items.get(keys.user(note.user_id))
+        member_item = reads.items.get(keys.member(note.family_id, note.user_id)) if note.family_id else None
+        family_item = reads.items.get(keys.family(note.family_id)) if note.family_id else None
+        devices = reads.devices.get(note.user_id, [])
         if note.type == NotificationType.CAPSULE_UNLOCKED:
+            capsule_item = reads.items.get(keys.capsule(note.capsule_id)) if note.capsule_id else None
             capsule = Capsule.from_item(capsule_item) if capsule_item else None
             if capsule is not None and capsule.status == CapsuleStatus.UNLOCKING:
                 # Its notes are written just before it opens: nothing is said of
                 # a capsule until it has.
-                await self.table.update(finish(self._later(note, item, now + OPENING_WAIT, count=False)))
+                await self.writes.update(finish(self._later(note, item, now + OPENING_WAIT, count=False)))
                 return
             if capsule is None or capsule.status not in (CapsuleStatus.AVAILABLE, CapsuleStatus.ARCHIVED):
-                await self.table.update(finish(self._settled(note, "skipped")))
+                await self.writes.update(finish(self._settled(note, "skipped")))
                 return
         if not self._wanted(note, user_item, member_item, now) or not devices:
-            await self.table.update(finish(self._settled(note, "skipped")))
+            await self.writes.update(finish(self._settled(note, "skipped")))
             return
         family_name = Family.from_item(family_item).name if family_item else None
         said = push.push_for(note, notifications.public_id(note), family_name)
@@ -151,25 +238,30 @@ class Pusher:
         reached = list(note.pushed_to)
         recording = asyncio.Lock()
 
-        async def record(device: PushDevice) -> None:
-            # Each device as soon as it is reached: a process killed after this
-            # leaves the next claim to the devices not reached yet.
+        async def record(device: PushDevice, alone: bool) -> None:
+            # Each device as soon as it is reached, while other sends of the note
+            # are still out: a process killed after this leaves the next claim to
+            # the devices not reached yet. The last one reached is recorded by
+            # the settling write itself.
             async with recording:
                 reached.append(device.id)
-                await self.table.update(
-                    Update(
-                        note.key, set={"pushedTo": list(reached)}, condition=all_of(Exists(), lease.held())
+                if alone:
+                    await self.writes.update(
+                        Update(
+                            note.key,
+                            set={"pushedTo": list(reached)},
+                            condition=all_of(Exists(), lease.held()),
+                        )
                     )
-                )
 
         sent = await self._send_all(pending, said, now, record)
         attempts = int(item.get("pushAttempts", 0)) + 1
         if (sent.retry_after is not None or sent.failed) and attempts < MAX_ATTEMPTS:
             wait = sent.retry_after if sent.retry_after is not None else backoff(attempts)
             later = self._later(note, item, now + wait, count=True, pushed_to=reached)
-            await self.table.update(finish(later))
+            await self.writes.update(finish(later))
             return
-        await self.table.update(finish(self._settled(note, "sent", pushed_to=reached)))
+        await self.writes.update(finish(self._settled(note, "sent", pushed_to=reached)))
 
     def _wanted(
         self, note: Notification, user_item: Item | None, member_item: Item | None, now: datetime
@@ -215,19 +307,22 @@ class Pusher:
         devices: Sequence[PushDevice],
         said: push.Push,
         now: datetime,
-        record: Callable[[PushDevice], Awaitable[None]],
+        record: Callable[[PushDevice, bool], Awaitable[None]],
     ) -> Sent:
         sent = Sent([], [])
+        live = [device for device in devices if device.gone_at is None]
+        out = len(live)
 
         async def one(device: PushDevice) -> str | timedelta:
+            nonlocal out
             tried = await self._send(device, said, now)
+            out -= 1
             if tried.result in ("delivered", "collapsed"):
-                await record(device)
+                await record(device, out > 0)
             elif tried.result != "gone":
                 await self._tried(device, tried, now)  # what a developer looking at the device sees
             return tried.result
 
-        live = [device for device in devices if device.gone_at is None]
         results = await asyncio.gather(*(one(device) for device in live))
         for device, result in zip(live, results, strict=True):
             if result == "delivered" or result == "collapsed":
@@ -315,7 +410,7 @@ class Pusher:
         if said.collapse:
             changes.update({"lastTopic": said.collapse, "lastTopicAt": iso(now)})
         try:
-            await self.table.update(Update(device.key, set=changes, condition=Exists()))
+            await self.writes.update(Update(device.key, set=changes, condition=Exists()))
         except Exception:
             log.debug("device %s went while it was pushed to", device.id)
 
@@ -328,7 +423,7 @@ class Pusher:
             "lastDeliveryError": tried.error,
         }
         try:
-            await self.table.update(Update(device.key, set=changes, condition=Exists()))
+            await self.writes.update(Update(device.key, set=changes, condition=Exists()))
         except Exception:
             log.debug("device %s went while it was pushed to", device.id)
 
@@ -352,8 +447,11 @@ class Pusher:
             await self.native.forget(device.sns_endpoint_arn)
 
 
-async def _none() -> None:
-    return None
+def _open(item: Item) -> bool:
+    return item.get("type") == Capsule.item_type() and Capsule.from_item(item).status in (
+        CapsuleStatus.AVAILABLE,
+        CapsuleStatus.ARCHIVED,
+    )
 
 
 # Running ---------------------------------------------------------------------------------
@@ -411,6 +509,7 @@ class PushQueue:
         lease: timedelta,
         workers: int,
         queue_size: int = 10_000,
+        batch: int = BATCH,
     ) -> None:
         self.pusher = pusher
         self.table = table
@@ -421,7 +520,8 @@ class PushQueue:
             table=table,
             clock=clock,
             lease=lease,
-            handle=self._handle,
+            handle_many=self._handle_many,
+            batch=batch,
             workers=workers,
             queue_size=queue_size,
         )
@@ -449,6 +549,7 @@ class PushQueue:
             await asyncio.gather(self._listener, return_exceptions=True)
             self._listener = None
         await self.jobs.stop()
+        await self.pusher.writes.stop()
 
     async def _listen(self, broker: Broker) -> None:
         async with broker.subscribe(notifications.PUSH_CHANNEL) as events:
@@ -456,11 +557,8 @@ class PushQueue:
                 for user, created_at, note_id in event.get("notes", []):
                     self.submit(keys.notification(user, created_at, note_id))
 
-    async def _handle(self, claim: Claim) -> None:
-        try:
-            await self.pusher.handle(claim.item, Holding(claim.lease))
-        except ConditionFailed:
-            log.warning("push of %s: its lease ran out while it was sent", claim.key[0])
+    async def _handle_many(self, claims: list[Claim]) -> None:
+        await self.pusher.handle_many([(claim.item, Holding(claim.lease)) for claim in claims])
 
     async def run(self, key: Key) -> bool:
         return await self.jobs.run(key)

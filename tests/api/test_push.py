@@ -5,17 +5,24 @@ service on loopback that checks VAPID and decrypts every payload
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from resolvers.core.leases import Lease
+from resolvers.domain.push import device_id
+from resolvers.processes import pusher as pushing
+from store import items, keys
 from store.enums import NotificationType
+from store.port import Key, all_items
 from tests.api.conftest import Api, running_api
 from tests.api.test_capsules import SCHEDULE, make_capsule
 from tests.api.test_resume import note_for
-from tests.factories import family_with_members, settle, upload
-from tests.push_service import PushService, running_push_service
+from tests.counting import CountingTable
+from tests.factories import capsule_rows, family_rows, family_with_members, settle, upload
+from tests.push_service import PushService, b64url, running_push_service
 from tests.servers import until
 
 REGISTER = "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id platform name createdAt lastPushedAt } }"
@@ -380,12 +387,93 @@ async def test_an_endpoint_whose_host_now_resolves_privately_is_not_sent_to(
     answers["push.rebind.example"] = "127.0.0.1"
     connections: list[Any] = []
     sender = api.services.web_push
-    monkeypatch.setattr(sender.client, "post", lambda *a, **k: connections.append(a))
+    monkeypatch.setattr(sender, "pool", lambda origin: connections.append(origin))
     await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
     await settle(api)
     await pushed(api)
     assert connections == []
     assert [d["name"] for d in (await api.ok(DEVICES, as_="ben"))["myPushDevices"]] == ["rebound"]
+
+
+# An opening -----------------------------------------------------------------------------
+
+RECIPIENTS = 30
+
+
+async def opened_for(api: Api, service: PushService, people: list[str]) -> None:
+    """A capsule for `people`, each with one browser, opened with the push
+    workers stopped: its notes wait in the push outbox."""
+    now = api.clock()
+    family_id = "famopening"
+    shards = api.services.settings.unlock_shards
+    _, capsule = capsule_rows(family_id, "ana", people, now - timedelta(seconds=1), shards)
+    rows = family_rows(family_id, "ana", people) + capsule
+    for person in people:
+        browser = service.browser(person)
+        device = items.PushDevice(
+            user_id=person,
+            id=device_id("WEB", browser.endpoint),
+            platform="WEB",
+            created_at=items.iso(now),
+            updated_at=items.iso(now),
+            endpoint=browser.endpoint,
+            p256dh=browser.p256dh,
+            auth=b64url(browser.auth),
+        )
+        rows += [device.to_item(), items.PushDeviceCount(person, 1).to_item()]
+    await api.table.batch_write(rows)
+    await api.services.pusher.stop()
+    assert (await api.services.scheduler.run_once()).unlocked == 1
+
+
+async def outbox(api: Api) -> list[Key]:
+    found = await all_items(api.table, keys.PUSH_OUTBOX_PK, index="GSI1")
+    return [(item["PK"], item["SK"]) for item in found]
+
+
+async def test_an_opening_costs_at_most_two_store_calls_a_push(api: Api, service: PushService) -> None:
+    """Its family and capsule are read once for all its notes, its people and
+    memberships in one batch read, its claims and writes committed together:
+    what is left per push is the query of the person's devices."""
+    people = [f"r{n}" for n in range(RECIPIENTS)]
+    await opened_for(api, service, people)
+    counting = api.table
+    assert isinstance(counting, CountingTable)
+    await api.services.pusher.start()
+    counting.reset()
+    await pushed(api)
+    assert service.problems == []
+    assert [len(service.to(person)) for person in people] == [1] * RECIPIENTS
+    assert await outbox(api) == []
+    calls = counting.total_calls
+    assert calls <= 2 * RECIPIENTS, (calls, dict(counting.calls))
+
+
+async def test_a_batch_claimed_by_a_process_that_died_is_pushed_once_after_its_lease(
+    api: Api, service: PushService
+) -> None:
+    """A process claims an opening's notes in one batched claim and dies before
+    any send: nothing goes while its leases live, then every device gets its
+    push once, from the process that takes them over."""
+    people = [f"r{n}" for n in range(5)]
+    await opened_for(api, service, people)
+    waiting = await outbox(api)
+    assert len(waiting) == len(people)
+    doomed = Lease("doomed", timedelta(seconds=60))
+    taken = await doomed.claim_many(api.table, waiting, api.clock(), when=pushing.SPEC.claimable)
+    assert sorted(taken) == sorted(waiting)
+    # Claimed again at once, by anyone: nothing is taken twice.
+    assert await Lease("other", timedelta(seconds=60)).claim_many(api.table, waiting, api.clock()) == {}
+    await api.services.pusher.start()
+    await pushed(api)
+    assert all(service.to(person) == [] for person in people)
+    api.clock.advance(seconds=61)
+    await pushed(api)
+    assert all(len(service.to(person)) == 1 for person in people)
+    assert await outbox(api) == []
+    await pushed(api)
+    assert all(len(service.to(person)) == 1 for person in people)
+    assert service.problems == []
 
 
 # Fairness ------------------------------------------------------------------------------
