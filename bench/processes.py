@@ -59,7 +59,7 @@ def graphql_server(env: dict[str, str], log_dir: Path) -> Server:
     profiles = os.environ.get("MIFAMILIAS_BENCH_PROFILE")
     if profiles:
         Path(profiles).mkdir(parents=True, exist_ok=True)
-        argv = ["-m", "cProfile", "-o", str(Path(profiles) / f"graphql-{uuid.uuid4().hex[:8]}.prof"), *argv]
+        argv = ["-m", "bench.profiled", str(Path(profiles) / f"graphql-{uuid.uuid4().hex[:8]}.prof"), *argv]
     return Server("graphql", [sys.executable, *argv], env, log_dir)
 
 

@@ -173,8 +173,10 @@ def run_config(sizes: Sizes, tmp: Path, processes: int, redis_url: str) -> Resul
             ids = asyncio.run(seed_round(data_dir, family, creator, people, capsules, due, f"r{r}"))
             delivered += members
             arrived = wait_for(clients, delivered, due.timestamp() + DEADLINE_SECONDS)
-            opened = [unlocked_counter(s) - before for s, before in zip(servers, counters, strict=True)]
+            # The CPU before the counters: a /metrics page is the bench's probe,
+            # not the round's work (the opening read is taken before the CPU, too).
             spent = [cpu_seconds(pid) - before for pid, before in zip(pids, cpu, strict=True)]
+            opened = [unlocked_counter(s) - before for s, before in zip(servers, counters, strict=True)]
             if r > 0:
                 result.rounds.append(Round(due.timestamp(), ids, opened, spent, not arrived))
             if not arrived:
