@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import uuid
 from functools import partial
 from pathlib import Path
 
@@ -50,8 +52,15 @@ class Server(ServerProcess):
 
 
 def graphql_server(env: dict[str, str], log_dir: Path) -> Server:
-    """Our server exactly as `./dev serve` runs it."""
-    return Server("graphql", [sys.executable, str(ROOT / "app.py"), "serve"], env, log_dir)
+    """Our server exactly as `./dev serve` runs it; under cProfile when
+    `MIFAMILIAS_BENCH_PROFILE` names a folder (a profile per process, written
+    when it stops), to see where a section's CPU goes."""
+    argv = [str(ROOT / "app.py"), "serve"]
+    profiles = os.environ.get("MIFAMILIAS_BENCH_PROFILE")
+    if profiles:
+        Path(profiles).mkdir(parents=True, exist_ok=True)
+        argv = ["-m", "bench.profiled", str(Path(profiles) / f"graphql-{uuid.uuid4().hex[:8]}.prof"), *argv]
+    return Server("graphql", [sys.executable, *argv], env, log_dir)
 
 
 def bench_server(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Server:

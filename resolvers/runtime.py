@@ -328,6 +328,9 @@ async def start_background(services: Services, stack: contextlib.AsyncExitStack)
         return await capsules.archive_viewed(services.table, services.now(), settings.capsule_retention_days)
 
     tracer = services.tracer
+    # After the scheduler's task is cancelled (the stack closes in reverse): its
+    # shards handed back for another process's next pass.
+    stack.push_async_callback(scheduler.release)
     tasks = [
         asyncio.create_task(
             every(ARCHIVE_SWEEP_SECONDS, "capsule retention sweep", archive_capsules, tracer)

@@ -270,8 +270,20 @@ def retention_gsi2(viewed_at: str, capsule_id: str) -> tuple[str, str]:
     return (retention_pk(unlock_shard_of(capsule_id, ARCHIVE_SHARDS)), f"{viewed_at}#{capsule_id}")
 
 
+SCHEDULER_PK = "SCHEDULER"
+
+
 def unlock_checkpoint() -> Key:
-    return ("SCHEDULER", "UNLOCK_CHECKPOINT")
+    return (SCHEDULER_PK, "UNLOCK_CHECKPOINT")
+
+
+UNLOCK_SHARD_LEASE_PREFIX = "UNLOCK_SHARD#"
+
+
+def unlock_shard_lease(shard: int) -> Key:
+    """Which process reads unlock shard `shard` (and its outbox): a lease, in
+    the scheduler's partition beside its checkpoint, so one query lists them all."""
+    return (SCHEDULER_PK, f"{UNLOCK_SHARD_LEASE_PREFIX}{shard}")
 
 
 def unlock_outbox_pk(shard: int) -> str:

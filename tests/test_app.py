@@ -23,9 +23,10 @@ from app import create_app
 from resolvers.core.auth import mint_token
 from resolvers.core.config import Settings
 from resolvers.core.logs import RequestFields
-from store.port import Key, Table
+from store import keys
+from store.port import Key, SortKey, Table
 from store.sqlite import SqliteTable
-from tests.servers import ROOT, SECRET, free_port, without_cost
+from tests.servers import ROOT, SECRET, free_port, until, without_cost
 
 
 class FailingTable:
@@ -103,6 +104,28 @@ async def test_readiness_ends_when_the_shutdown_begins(tmp_path: Path) -> None:
             assert ready.status_code == 503
             assert ready.json() == {"status": "unavailable", "server": "shutting down"}
             assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_a_stopping_server_hands_its_unlock_shards_back(tmp_path: Path) -> None:
+    table = SqliteTable(tmp_path / "t.sqlite3")
+    app = create_app(Settings(data_dir=tmp_path, auth_secret=SECRET), table=table)
+
+    async def shard_leases() -> list[dict[str, Any]]:
+        page = await table.query(keys.SCHEDULER_PK, SortKey.begins_with(keys.UNLOCK_SHARD_LEASE_PREFIX))
+        return page.items
+
+    async def all_held() -> bool:
+        leases = await shard_leases()
+        return len(leases) == app.state.services.settings.unlock_shards and all(
+            item.get("leaseOwner") for item in leases
+        )
+
+    async with app.router.lifespan_context(app):
+        # The first unlock pass, alone in this process, takes every shard.
+        await until(all_held, "every unlock shard held", 60, interval=0.05)
+    # Handed back at once: another process's next pass takes them, not after the lease.
+    assert [item.get("leaseOwner") for item in await shard_leases()] == [None] * Settings().unlock_shards
+    await table.close()
 
 
 async def test_limits_on_depth_and_aliases(client: tuple[httpx.AsyncClient, FailingTable]) -> None:

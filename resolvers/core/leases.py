@@ -114,11 +114,16 @@ class Lease:
         also_mine: bool = False,
         count: bool = False,
         changes: Mapping[str, Any] | None = None,
+        create: bool = False,
     ) -> Item | None:
         """Takes the item if nobody holds it (or, with `also_mine`, if this holder
-        already does) and `when` holds; the item as it now is, or None."""
+        already does) and `when` holds; the item as it now is, or None. With
+        `create`, a missing item is made by the claim: a lease on a name (a
+        unit of work no record stands for), not on a record that must exist."""
         available = any_of(free(now), self.held()) if also_mine else free(now)
-        condition = all_of(Exists(), available, *([when] if when is not None else []))
+        parts = [*([] if create else [Exists()]), available, *([when] if when is not None else [])]
+        # One condition alone is not wrapped: DynamoDB refuses redundant parentheses.
+        condition = parts[0] if len(parts) == 1 else all_of(*parts)
         try:
             return await table.update(
                 Update(
@@ -180,6 +185,23 @@ class Lease:
         just now and outranks a background run (every step is conditional)."""
         try:
             await table.update(Update(key, set=self.stamp(now), remove=PREVIOUS_NAMES, condition=Exists()))
+        except ConditionFailed:
+            return False
+        return True
+
+    async def take_from(self, table: Table, key: Key, now: datetime, holder: str) -> bool:
+        """Takes the item from `holder` if its lease is still that holder's:
+        work moved between live processes to even out their shares. The holder
+        finds it gone at its next read or renewal."""
+        try:
+            await table.update(
+                Update(
+                    key,
+                    set=self.stamp(now),
+                    remove=PREVIOUS_NAMES,
+                    condition=all_of(Exists(), held_by(holder)),
+                )
+            )
         except ConditionFailed:
             return False
         return True

@@ -1,8 +1,11 @@
 """The unlock scheduler. It runs in every server process; conditional writes
-make each capsule's unlock happen exactly once however many run.
+make each capsule's unlock happen exactly once however many run. The shards
+are divided between the processes (`resolvers.processes.shards`, a lease per
+shard): a process reads, races for and wakes for its own shards only.
 
 One pass:
-1. For each day from the checkpoint to today, and each shard, read the entries
+1. For each day from the checkpoint to today, and each of this process's
+   shards, read the entries
    of `UNLOCK#<day>#<shard>` on GSI2 (SCHEDULED, LOCKED, UNLOCKING) due up to
    one poll ahead: the due ones are handled now, the earliest of the others
    says when to wake next (so delivery follows the unlock date, not the poll).
@@ -26,7 +29,8 @@ One pass:
    on any process): delivery is at least once, and streams drop repeats.
 4. SCHEDULED (no content by its date): stays closed; its creator is told once.
 5. A past day with nothing left to open moves the checkpoint past it, so a
-   server that was down for days catches up without scanning the table.
+   server that was down for days catches up without scanning the table. Past
+   days are read in every shard, to know that; only this process's are opened.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import functools
 import logging
 import random
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
@@ -44,12 +49,14 @@ from typing import TypeVar
 
 from resolvers.adapters.broker import Broker, user_channel
 from resolvers.core.config import Settings
+from resolvers.core.leases import Lease
 from resolvers.core.metrics import Metrics
 from resolvers.core.ports import Event
 from resolvers.core.slices import built, in_slices
 from resolvers.domain import notifications
 from resolvers.domain.access import READERS
 from resolvers.domain.tags import unseal_ops
+from resolvers.processes.shards import ShardLeases
 from store import keys
 from store.enums import CapsuleStatus, ContentStatus
 from store.items import Capsule, Content, iso, parse_iso
@@ -157,18 +164,28 @@ class UnlockScheduler:
         self._mine: set[str] = set()
         self._next_due: str | None = None
         self._lag_reported = -LAG_REPORT_SECONDS  # the first pass reports
+        # A dead process's shards are taken over when its capsules would be:
+        # after the time an UNLOCKING capsule is left before it counts as abandoned.
+        self.leases = ShardLeases(
+            table=table, shards=self.shards, lease=Lease(uuid.uuid4().hex, self.abandoned_after), clock=clock
+        )
+
+    async def release(self) -> None:
+        """Hands back this process's shards (it stops), for another to read at once."""
+        await self.leases.release()
 
     async def run_once(self) -> PassResult:
         now = self.clock()
         now_iso = iso(now)
         today = now.date()
         start = await self._checkpoint(today)
+        mine = await self.leases.mine()
         result = PassResult()
-        result.republished = await self._republish(now)
+        result.republished = await self._republish(now, mine)
         ahead = iso(now + self.poll)
         day = start
         while day <= (now + self.poll).date():
-            leftover = await self._day(day, now_iso, ahead, result)
+            leftover = await self._day(day, now_iso, ahead, result, mine)
             if day < today and not leftover and day == start:
                 await self._advance(start, day + timedelta(days=1))
                 start = day + timedelta(days=1)
@@ -223,24 +240,32 @@ class UnlockScheduler:
 
     # One day ----------------------------------------------------------------------
 
-    async def _day(self, day: date, now_iso: str, ahead: str, result: PassResult) -> bool:
-        """Handles one day's due capsules; True when some still wait there.
+    async def _day(self, day: date, now_iso: str, ahead: str, result: PassResult, mine: list[int]) -> bool:
+        """Handles one day's due capsules in this process's shards (`mine`);
+        True when some still wait there. A past day is read in every shard, so
+        that True means nothing is left in any (the checkpoint moves on that).
 
         In phases, so each capsule costs a few writes and a share of one batch
         get: finish what this process owns or what was abandoned, then win the
         LOCKED ones a small batch at a time, read each batch's content at once,
         and finish each capsule of it."""
         failed_before = result.failed
+        read = range(self.shards) if day < parse_iso(now_iso).date() else mine
         pages = await asyncio.gather(
-            *(self._due(keys.unlock_day_shard(day.isoformat(), shard), ahead) for shard in range(self.shards))
+            *(self._due(keys.unlock_day_shard(day.isoformat(), shard), ahead) for shard in read)
         )
         due: list[Capsule] = []
-        for item in (item for page in pages for item in page):
-            capsule = Capsule.from_item(item)
-            if capsule.unlock_date <= now_iso:
-                due.append(capsule)
-            elif capsule.status == CapsuleStatus.LOCKED:
-                result.upcoming(capsule.unlock_date)
+        others: list[Capsule] = []  # due in another process's shard: theirs to open
+        for shard, page in zip(read, pages, strict=True):
+            for item in page:
+                capsule = Capsule.from_item(item)
+                if shard not in mine:
+                    if capsule.unlock_date <= now_iso:
+                        others.append(capsule)
+                elif capsule.unlock_date <= now_iso:
+                    due.append(capsule)
+                elif capsule.status == CapsuleStatus.LOCKED:
+                    result.upcoming(capsule.unlock_date)
         for capsule in due:
             if capsule.status == CapsuleStatus.SCHEDULED:
                 await self._guarded(capsule, self._tell_empty(capsule, result), result)
@@ -277,7 +302,7 @@ class UnlockScheduler:
         # finish here (waiting for content, failed, or another process's to finish).
         # A SCHEDULED capsule never opens (no content by its date): it does not count.
         left = False
-        for capsule in due:
+        for capsule in (*due, *others):
             if capsule.status in (CapsuleStatus.LOCKED, CapsuleStatus.UNLOCKING) and capsule.id not in opened:
                 result.pending(capsule.unlock_date)
                 left = True
@@ -507,14 +532,15 @@ class UnlockScheduler:
         except StoreError:
             log.warning("%d published unlock outbox items not deleted; a later pass does", len(published))
 
-    async def _republish(self, now: datetime) -> int:
+    async def _republish(self, now: datetime, mine: list[int]) -> int:
         """Publishes what a process committed and did not get out (it died in
-        between): outbox items older than the grace a live publisher needs."""
+        between): outbox items older than the grace a live publisher needs, in
+        this process's shards (an outbox item is in its capsule's shard)."""
         stale = iso(now - OUTBOX_GRACE)
         pages = await asyncio.gather(
             *(
                 self.table.query(keys.unlock_outbox_pk(shard), SortKey("<", stale), limit=100)
-                for shard in range(self.shards)
+                for shard in mine
             )
         )
         published: list[Key] = []
