@@ -166,6 +166,10 @@ async def running_api(
     moto_url = request.getfixturevalue("moto_server") if needs_moto and request is not None else None
     clock = clock or FakeClock()
     changes.setdefault("push_allowed_origins", (PUSH_ORIGIN,))
+    # The operation deadline is a production bound, tested where it is set on
+    # purpose (tests/api/test_limits.py); elsewhere a machine busy with other
+    # work must not turn a slow but correct operation into a refusal.
+    changes.setdefault("operation_deadline_seconds", 120.0)
     settings = Settings(
         data_dir=tmp_path / "data",
         auth_secret=SECRET,
