@@ -1,4 +1,4 @@
-"""./dev bench [--quick] [--only 1,2,...] [--out PATH]: every section, one table,
+"""./dev bench [--quick] [--only 1,2,...] [--cases d] [--out PATH]: every section, one table,
 written to bench/RESULTS.md with the machine and library versions.
 
 ./dev bench observability [--quick]: section 7 alone (what metrics and tracing
@@ -40,7 +40,9 @@ async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[
     return rows, family_id
 
 
-def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: bool = True) -> list[Row]:
+def run_sections(
+    sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: bool = True, cases: str = ""
+) -> list[Row]:
     from bench import (
         fanout,
         gc_pauses,
@@ -81,9 +83,10 @@ def run_sections(sizes: Sizes, tmp: Path, only: Sequence[int] = SECTIONS, log: b
         rows += asyncio.run(round_trips.run(sizes, tmp))
     if 6 in only:
         say("section 6 (robustness)")
-        rows += robustness.run(sizes, tmp)
-        say("section 6: the collector's pauses with many subscriptions")
-        rows += gc_pauses.run(sizes, tmp)
+        rows += robustness.run(sizes, tmp, cases)
+        if not cases:
+            say("section 6: the collector's pauses with many subscriptions")
+            rows += gc_pauses.run(sizes, tmp)
     if 7 in only:
         say("section 7 (observability cost)")
         rows += observability.run(tmp / "data", family_id, sizes, tmp)
@@ -149,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a first look")
     parser.add_argument("--only", default="", help="comma-separated section numbers, e.g. 1,2")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--cases", default="", help="section 6's cases alone, by letter, e.g. d or a,d")
     args = parser.parse_args(argv)
     only = [int(s) for s in args.only.split(",") if s.strip()] or list(SECTIONS)
     if args.section:
@@ -157,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mifamilias-bench-") as tmp:
-        rows = run_sections(sizes, Path(tmp), only)
+        rows = run_sections(sizes, Path(tmp), only, cases=args.cases)
     rendered = table(rows)
     print(rendered)
     notes = HERE / "NOTES.md"

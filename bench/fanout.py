@@ -72,12 +72,12 @@ class Clients:
             ended += int(line[2])
         return ended
 
-    def count(self) -> int:
-        """Events the clients have received so far."""
+    def count(self, label: str = "") -> int:
+        """Events the clients have received so far (of `label` alone, when given)."""
         total = 0
         for proc in self.procs:
             assert proc.stdin is not None and proc.stdout is not None
-            proc.stdin.write("COUNT\n")
+            proc.stdin.write(f"COUNT {label}".strip() + "\n")
             proc.stdin.flush()
             line = proc.stdout.readline().split()
             if len(line) != 2 or line[0] != "COUNT":

@@ -6,8 +6,8 @@ stamps every event it receives.
     python -m bench.ws_clients URL [QUERY] < tokens (comma-separated, one line)
 
 Prints "READY <n>" once every subscription is sent; on "COUNT" (stdin) prints
-"COUNT <events received so far>", so a caller can wait for its deliveries
-without guessing how long they take; on "STOP" prints one JSON line:
+"COUNT <events received so far>" (on "COUNT <label>", those of that label), so
+a caller can wait for its deliveries without guessing how long they take; on "STOP" prints one JSON line:
 [[time.time(), capsule id], ...] and exits.
 """
 
@@ -137,6 +137,9 @@ async def main() -> None:
             break
         if line.strip() == "COUNT":
             print(f"COUNT {len(received)}", flush=True)
+        elif line.startswith("COUNT "):  # the events of one label
+            wanted = line[len("COUNT ") :].strip()
+            print(f"COUNT {sum(1 for _, seen in received if seen == wanted)}", flush=True)
     failed = [repr(t.exception()) for t in tasks if t.done() and not t.cancelled() and t.exception()]
     print(json.dumps({"received": received, "failed": failed[:5], "failures": len(failed)}), flush=True)
     for task in tasks:

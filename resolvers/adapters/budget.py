@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from resolvers.core.ratelimit import Bucket, BudgetCounter
@@ -64,6 +64,7 @@ class RedisBudgetCounter:
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         import redis.asyncio as redis
+        from redis.exceptions import NoScriptError
 
         self._redis: Any = redis.from_url(
             url, socket_timeout=TIMEOUT_SECONDS, socket_connect_timeout=TIMEOUT_SECONDS
@@ -78,6 +79,7 @@ class RedisBudgetCounter:
         self._probing = False
         self._probe_started = 0.0
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError, OSError)
+        self._no_script: type[BaseException] = NoScriptError
 
     def _key(self, subject: str) -> str:
         return f"{self._prefix}bucket:{subject}"
@@ -97,6 +99,47 @@ class RedisBudgetCounter:
             return await self._fallback.spend(subject, cost, bucket, now)
         self._back()
         return None if full_at < 0 else full_at
+
+    async def spend_many(self, costs: Mapping[str, int], bucket: Bucket, now: int) -> dict[str, int | None]:
+        """One round trip: the script for each person, pipelined (each still
+        checks and charges its own bucket in one step)."""
+        spent: dict[str, int | None] = {
+            subject: None for subject, cost in costs.items() if cost > bucket.size
+        }
+        fitting = {subject: cost for subject, cost in costs.items() if cost <= bucket.size}
+        if not fitting:
+            return spent
+        if not self._use_redis():
+            spent.update(await self._fallback.spend_many(fitting, bucket, now))
+            return spent
+        try:
+            answers = await self._spend_pipelined(fitting, bucket, now)
+        except self._errors as error:
+            self._went(error)
+            spent.update(await self._fallback.spend_many(fitting, bucket, now))
+            return spent
+        self._back()
+        for subject, answer in zip(fitting, answers, strict=True):
+            spent[subject] = None if int(answer) < 0 else int(answer)
+        return spent
+
+    async def _spend_pipelined(self, costs: Mapping[str, int], bucket: Bucket, now: int) -> list[Any]:
+        # By the script's hash alone (redis-py's own pipelining of a script asks
+        # Redis first whether it has it: a second round trip every time). A
+        # Redis that lost its scripts answers NOSCRIPT to every one of them, so
+        # nothing was spent, and the pass is sent again once it has the script.
+        for attempt in range(2):
+            try:
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for subject, cost in costs.items():
+                        latest = now + bucket.micros(bucket.size - cost)
+                        pipe.evalsha(self._spend.sha, 1, self._key(subject), now, bucket.micros(cost), latest)
+                    return list(await pipe.execute())
+            except self._no_script:
+                if attempt:
+                    raise
+                self._spend.sha = await self._redis.script_load(SPEND)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def refund(self, subject: str, points: int, bucket: Bucket, now: int) -> None:
         if not self._use_redis():

@@ -32,11 +32,13 @@ from typing import Protocol
 from resolvers.core.errors import RateLimited
 from store import keys
 from store.port import (
+    MAX_TRANSACTION_ITEMS,
     TTL_ATTRIBUTE,
     Compare,
     ConditionFailed,
     Key,
     NotExists,
+    StoreError,
     Table,
     TransactionCancelled,
     Update,
@@ -299,6 +301,13 @@ class BudgetCounter(Protocol):
         `full_at` after, or None when they do not fit (nothing taken)."""
         ...
 
+    async def spend_many(self, costs: Mapping[str, int], bucket: Bucket, now: int) -> dict[str, int | None]:
+        """`spend` for each person of `costs` (person to points) at once, in as
+        few store calls as the store allows: each person's points are taken or
+        refused as `spend` would, on their own (one refused takes nothing from
+        the others)."""
+        ...
+
     async def refund(self, subject: str, points: int, bucket: Bucket, now: int) -> None:
         """Gives back `points` taken by a charge (never above a full bucket)."""
         ...
@@ -348,6 +357,61 @@ class TableBudgetCounter:
                 return None
         return None
 
+    async def spend_many(self, costs: Mapping[str, int], bucket: Bucket, now: int) -> dict[str, int | None]:
+        """The buckets read in one batch and written in one transaction, a
+        hundred people at a time: each write is conditional on the bucket
+        being as it was read, so a charge that raced it makes the transaction
+        read and try again, and nobody is overspent."""
+        spent: dict[str, int | None] = {
+            subject: None for subject, cost in costs.items() if cost > bucket.size
+        }
+        fitting = [subject for subject, cost in costs.items() if cost <= bucket.size]
+        chunks = [
+            {subject: costs[subject] for subject in fitting[start : start + MAX_TRANSACTION_ITEMS]}
+            for start in range(0, len(fitting), MAX_TRANSACTION_ITEMS)
+        ]
+        for part in await asyncio.gather(*(self._spend_together(chunk, bucket, now) for chunk in chunks)):
+            spent.update(part)
+        return spent
+
+    async def _spend_together(
+        self, costs: Mapping[str, int], bucket: Bucket, now: int
+    ) -> dict[str, int | None]:
+        spent: dict[str, int | None] = {}
+        left = dict(costs)
+        expires = (now + bucket.micros(bucket.size)) // MICROS + 2
+        for _ in range(ATTEMPTS):
+            found = await self.table.batch_get([keys.rate(subject, "cost") for subject in left])
+            writes: dict[str, tuple[Update, int]] = {}
+            for subject, cost in left.items():
+                key = keys.rate(subject, "cost")
+                item = found.get(key)
+                seen = int(item["fullAt"]) if item is not None and "fullAt" in item else None
+                if seen is not None and seen > now + bucket.micros(bucket.size - cost):
+                    spent[subject] = None  # the points are not there: nothing is written
+                    continue
+                full_at = max(seen or 0, now) + bucket.micros(cost)
+                unchanged = NotExists("fullAt") if seen is None else eq("fullAt", seen)
+                writes[subject] = (
+                    Update(key, set={"fullAt": full_at, TTL_ATTRIBUTE: expires}, condition=unchanged),
+                    full_at,
+                )
+            if not writes:
+                return spent
+            try:
+                await self.table.transact([update for update, _ in writes.values()])
+            except TransactionCancelled:
+                # A bucket moved since it was read (an operation's charge, a
+                # refund, another process's pass): nothing was written; read again.
+                left = {subject: left[subject] for subject in writes}
+                continue
+            spent.update({subject: full_at for subject, (_, full_at) in writes.items()})
+            return spent
+        # Others kept moving these buckets: one at a time, as an operation's charge is.
+        for subject, cost in left.items():
+            spent[subject] = await self.spend(subject, cost, bucket, now)
+        return spent
+
     async def refund(self, subject: str, points: int, bucket: Bucket, now: int) -> None:
         # Below `now` it means a full bucket, as any `full_at` in the past does.
         with contextlib.suppress(ConditionFailed):
@@ -380,8 +444,10 @@ class CostBudget:
     def __init__(self, counter: BudgetCounter, bucket: Bucket) -> None:
         self.counter = counter
         self.bucket = bucket
-        # Deliveries being charged together, by person (`charge_delivery`).
+        # Deliveries being charged together, by person (`charge_delivery`):
+        # this pass of the loop's, spent together when it ends.
         self._deliveries: dict[str, _Deliveries] = {}
+        self._passes: set[asyncio.Task[None]] = set()
         # Points a person's events were charged beyond their actual cost
         # (`credit`), taken off their next delivery's charge.
         self._credit: dict[str, int] = {}
@@ -401,16 +467,21 @@ class CostBudget:
         full_at = await self.counter.spend(subject, cost, self.bucket, moment)
         if full_at is not None:
             return BudgetState(self.bucket, cost, self.bucket.available(full_at, moment), full_at / MICROS)
+        raise await self._refusal(subject, cost, now)
+
+    async def _refusal(self, subject: str, cost: int, now: datetime) -> RateLimited:
+        """RATE_LIMITED for `cost` points `subject`'s bucket did not hold, with
+        what it holds now."""
         state = await self.state(subject, now)
         if cost > self.bucket.size:
-            raise RateLimited(
+            return RateLimited(
                 f"this costs {cost} points, more than the {self.bucket.size} your budget holds; "
                 "ask for smaller pages (first) or fewer nested lists",
                 rateLimit=replace(state, cost=cost).extensions(),
                 cost={"requestedQueryCost": cost, "throttleStatus": state.throttle_status()},
             )
         retry_after = max(1, math.ceil((cost - state.available) / self.bucket.restore_rate))
-        raise RateLimited(
+        return RateLimited(
             f"this costs {cost} points and {state.available} of your {self.bucket.size} are there "
             f"({_rate(self.bucket.restore_rate)} come back a second); try again in {retry_after} s",
             retryAfter=retry_after,
@@ -439,18 +510,21 @@ class CostBudget:
 
     async def charge_delivery(self, subject: str, cost: int, now: datetime) -> None:
         """`charge` for one subscription event, together with every other event
-        delivered to `subject` in the same pass of the loop: one event reaches
-        all of a person's subscriptions at once (their devices, their tabs), and
-        one spend for all of them is one write, not one each. They fit together
-        or are refused together."""
+        delivered in the same pass of the loop: one event reaches all of a
+        person's subscriptions at once (their devices, their tabs), so theirs
+        are one spend, fitting together or refused together; and it reaches
+        every subscriber at once, so the pass's spends, each person's on its
+        own, are one call of the counter (`BudgetCounter.spend_many`), not
+        one each."""
         if not self.enabled:
             return
         pending = self._deliveries.get(subject)
         if pending is None:
+            if not self._deliveries:
+                asyncio.get_running_loop().call_soon(self._spend_deliveries)
             pending = _Deliveries(asyncio.get_running_loop().create_future(), now)
             pending.done.add_done_callback(_retrieved)
             self._deliveries[subject] = pending
-            asyncio.get_running_loop().call_soon(self._spend_deliveries, subject)
         pending.cost += cost
         try:
             await asyncio.shield(pending.done)
@@ -472,26 +546,47 @@ class CostBudget:
         if points > 0:
             self._give_back(subject, points, now)
 
-    def _spend_deliveries(self, subject: str) -> None:
-        pending = self._deliveries.pop(subject)
-        credit = self._credit.pop(subject, 0)
-        if credit >= pending.cost:
-            # Paid already, by what earlier events were charged beyond their cost.
-            if credit > pending.cost:
-                self._credit[subject] = credit - pending.cost
-            pending.done.set_result(None)
-            return
-        pending.cost -= credit
+    def _spend_deliveries(self) -> None:
+        passed, self._deliveries = self._deliveries, {}
+        owed: dict[str, _Deliveries] = {}
+        for subject, pending in passed.items():
+            credit = self._credit.pop(subject, 0)
+            if credit >= pending.cost:
+                # Paid already, by what earlier events were charged beyond their cost.
+                if credit > pending.cost:
+                    self._credit[subject] = credit - pending.cost
+                pending.done.set_result(None)
+                continue
+            pending.cost -= credit
+            owed[subject] = pending
+        if owed:
+            task = asyncio.get_running_loop().create_task(self._spend_pass(owed))
+            self._passes.add(task)
+            task.add_done_callback(self._passes.discard)
 
-        async def spend() -> None:
-            try:
-                await self.charge(subject, pending.cost, pending.now)
-            except Exception as error:  # RATE_LIMITED, or the store's failure: every waiter's
+    async def _spend_pass(self, owed: dict[str, _Deliveries]) -> None:
+        # The pass's moment: its deliveries were all asked for within it.
+        now = min(pending.now for pending in owed.values())
+        try:
+            spent = await self.counter.spend_many(
+                {subject: pending.cost for subject, pending in owed.items()}, self.bucket, _micros(now)
+            )
+        except Exception as error:  # the store's failure: every waiter's
+            for pending in owed.values():
                 pending.done.set_exception(error)
-            else:
+            return
+        refused = [subject for subject in owed if spent.get(subject) is None]
+        for subject, pending in owed.items():
+            if subject not in refused:
                 pending.done.set_result(None)
 
-        pending.task = asyncio.get_running_loop().create_task(spend())
+        async def refuse(pending: _Deliveries, subject: str) -> None:
+            try:
+                pending.done.set_exception(await self._refusal(subject, pending.cost, now))
+            except Exception as error:  # the store's failure reading the bucket: refused all the same
+                pending.done.set_exception(error)
+
+        await asyncio.gather(*(refuse(owed[subject], subject) for subject in refused))
 
     async def state(self, subject: str, now: datetime) -> BudgetState:
         full_at = await self.counter.full_at(subject)
@@ -515,7 +610,6 @@ class _Deliveries:
     done: asyncio.Future[None]
     now: datetime
     cost: int = 0
-    task: asyncio.Task[None] | None = None  # kept: a task nobody holds may be collected
 
 
 def _retrieved(future: asyncio.Future[None]) -> None:
@@ -586,12 +680,22 @@ class StreamSlots:
     a lease (its owner and an expiry), renewed by its process while it lives
     and deleted when it ends. A process that dies holds nothing past one lease:
     a slot whose lease ran out is free again. Taking a slot is a conditional
-    write (free, or its lease over), so two processes never hold the same one."""
+    write (free, or its lease over), so two processes never hold the same one.
+    A process renews every slot it holds together (`renew`), a hundred
+    conditional writes to a transaction: thousands of streams are tens of
+    writes a period, not thousands."""
 
-    def __init__(self, table: Table, per_person: int, lease_seconds: float = STREAM_LEASE_SECONDS) -> None:
+    def __init__(
+        self,
+        table: Table,
+        per_person: int,
+        lease_seconds: float = STREAM_LEASE_SECONDS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.table = table
         self.per_person = per_person
         self.lease_seconds = lease_seconds
+        self.clock = clock
         self.held: dict[Key, str] = {}
         self._renewing: asyncio.Task[None] | None = None
 
@@ -604,7 +708,7 @@ class StreamSlots:
         for slot in random.sample(range(self.per_person), min(PROBES, self.per_person)):
             if await self._claim(keys.stream_slot(subject, slot), owner):
                 return keys.stream_slot(subject, slot)
-        now = time.time()
+        now = self.clock()
         page = await self.table.query(keys.stream_slots_pk(subject), limit=self.per_person)
         taken = {str(item["SK"]) for item in page.items if float(item.get(TTL_ATTRIBUTE, 0)) > now}
         for slot in range(self.per_person):
@@ -619,7 +723,7 @@ class StreamSlots:
 
     async def _claim(self, key: Key, owner: str) -> bool:
         """Takes the slot if it is free or its lease ran out (a conditional write)."""
-        now = time.time()
+        now = self.clock()
         claim = Update(
             key,
             set={"owner": owner, TTL_ATTRIBUTE: int(now + self.lease_seconds) + 1},
@@ -647,18 +751,45 @@ class StreamSlots:
     async def _renew(self) -> None:
         while self.held:
             await asyncio.sleep(self.lease_seconds / 3)
-            expires = int(time.time() + self.lease_seconds) + 1
-            for n, (key, owner) in enumerate(list(self.held.items())):
-                if n % 100 == 99:
-                    await asyncio.sleep(0)  # an engine that answers at once still lets requests in
-                try:
-                    await self.table.update(
-                        Update(key, set={TTL_ATTRIBUTE: expires}, condition=eq("owner", owner))
-                    )
-                except ConditionFailed:
-                    self.held.pop(key, None)  # it ran out and was taken: not ours to renew
-                except Exception:
-                    log.exception("could not renew a subscription's slot")
+            await self.renew()
+
+    async def renew(self) -> None:
+        """Extends the lease of every slot this process holds, each still under
+        the condition that it is this stream's: a transaction of a hundred
+        slots at a time (one call and, on the embedded engine, one commit).
+        A slot that ran out and was taken, or was released meanwhile, fails
+        its condition: it is no longer ours, and the others are renewed
+        without it. What the store fails to renew is tried again next period,
+        within the lease."""
+        expires = int(self.clock() + self.lease_seconds) + 1
+        held = list(self.held.items())
+        for start in range(0, len(held), MAX_TRANSACTION_ITEMS):
+            if start:
+                await asyncio.sleep(0)  # an engine that answers at once still lets requests in
+            try:
+                await self._renew_together(held[start : start + MAX_TRANSACTION_ITEMS], expires)
+            except Exception:
+                log.exception("could not renew a hundred subscriptions' slots")
+
+    async def _renew_together(self, slots: list[tuple[Key, str]], expires: int) -> None:
+        for _ in range(ATTEMPTS):
+            # Those released since (or lost, below) are not renewed.
+            slots = [(key, owner) for key, owner in slots if self.held.get(key) == owner]
+            if not slots:
+                return
+            ops: list[WriteOp] = [
+                Update(key, set={TTL_ATTRIBUTE: expires}, condition=eq("owner", owner))
+                for key, owner in slots
+            ]
+            try:
+                await self.table.transact(ops)
+                return
+            except TransactionCancelled as error:
+                lost = {r.key for r in error.reasons if r.reason == "ConditionalCheckFailed"}
+            for key, owner in slots:
+                if key in lost and self.held.get(key) == owner:
+                    del self.held[key]  # it ran out and was taken: not ours to renew
+        raise StoreError(f"{len(slots)} slots' renewal kept being cancelled")
 
     async def stop(self) -> None:
         if self._renewing is not None:

@@ -4,11 +4,12 @@ engine), Redis, and Redis that does not answer (the table keeps them meanwhile).
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,10 @@ import pytest
 from resolvers.adapters.budget import RETRY_SECONDS, RedisBudgetCounter
 from resolvers.core.errors import RateLimited
 from resolvers.core.ratelimit import MICROS, Bucket, BudgetCounter, CostBudget, TableBudgetCounter
+from store import keys
+from store.port import MAX_TRANSACTION_ITEMS, Table
 from tests.api.conftest import open_table
+from tests.counting import CountingTable
 from tests.servers import RedisProcess
 
 
@@ -119,6 +123,10 @@ class Counted:
         self.spends.append(cost)
         return await self.inner.spend(subject, cost, bucket, now)
 
+    async def spend_many(self, costs: Mapping[str, int], bucket: Bucket, now: int) -> dict[str, int | None]:
+        self.spends += costs.values()
+        return await self.inner.spend_many(costs, bucket, now)
+
     async def refund(self, subject: str, points: int, bucket: Bucket, now: int) -> None:
         await self.inner.refund(subject, points, bucket, now)
 
@@ -182,3 +190,64 @@ async def test_a_frozen_redis_costs_one_timeout_per_interval_not_one_per_operati
             os.kill(redis.process.pid, signal.SIGCONT)
             await counter.close()
             redis.stop()
+
+
+async def test_spends_together_take_each_persons_points_on_their_own(counter: BudgetCounter) -> None:
+    assert await counter.spend("ana", 8, BUCKET, NOW) is not None
+    spent = await counter.spend_many({"ana": 4, "ben": 4, "cy": 11}, BUCKET, NOW)
+    assert spent["ana"] is None  # two left: refused, nothing taken
+    assert spent["cy"] is None  # more than a whole bucket
+    ben = spent["ben"]
+    assert ben is not None and BUCKET.available(ben, NOW) == 6
+    assert BUCKET.available(await counter.full_at("ana"), NOW) == 2
+    assert BUCKET.available(await counter.full_at("cy"), NOW) == 10
+
+
+async def test_spends_together_and_alone_at_once_never_overspend(counter: BudgetCounter) -> None:
+    bucket = Bucket(30, 1.0)
+    together = [counter.spend_many({"ana": 3, f"other{n}": 1}, bucket, NOW) for n in range(12)]
+    alone = [counter.spend("ana", 3, bucket, NOW) for _ in range(13)]
+    passes = await asyncio.gather(*together)
+    spent = [*(found["ana"] for found in passes), *await asyncio.gather(*alone)]
+    assert sum(1 for full_at in spent if full_at is not None) == 10
+    assert bucket.available(await counter.full_at("ana"), NOW) == 0
+    assert all(found[f"other{n}"] is not None for n, found in enumerate(passes))
+
+
+async def test_a_person_past_their_budget_is_refused_alone_in_a_pass(counter: BudgetCounter) -> None:
+    bucket = Bucket(10, 0.001)
+    budget = CostBudget(counter, bucket)
+    now = datetime.fromtimestamp(NOW / MICROS, UTC)
+    await budget.charge("ana", 9, now)
+    delivered = await asyncio.gather(
+        budget.charge_delivery("ana", 2, now),
+        budget.charge_delivery("ben", 2, now),
+        budget.charge_delivery("ben", 2, now),
+        return_exceptions=True,
+    )
+    assert isinstance(delivered[0], RateLimited) and "retryAfter" in delivered[0].extensions
+    assert list(delivered[1:]) == [None, None]
+    assert bucket.available(await counter.full_at("ana"), NOW) == 1
+    assert bucket.available(await counter.full_at("ben"), NOW) == 6
+
+
+PEOPLE = 250
+SUBSCRIPTIONS = 1_000
+
+
+async def test_one_event_to_many_subscribers_is_a_few_store_calls_not_one_per_person(table: Table) -> None:
+    """An event reaching 1,000 subscriptions of 250 people in one pass of the
+    loop: each person charged once, all of them in a read and a transaction
+    per hundred people."""
+    counting = CountingTable(table)
+    bucket = Bucket(1_000, 50.0)
+    budget = CostBudget(TableBudgetCounter(counting), bucket)
+    now = datetime.fromtimestamp(NOW / MICROS, UTC)
+    people = [f"fan{n}" for n in range(PEOPLE)]
+    await asyncio.gather(*(budget.charge_delivery(people[n % PEOPLE], 2, now) for n in range(SUBSCRIPTIONS)))
+    calls = sum(counting.budget_calls.values()) + counting.total_calls
+    assert calls <= 2 * math.ceil(PEOPLE / MAX_TRANSACTION_ITEMS), counting.budget_calls
+    buckets = await table.batch_get([keys.rate(person, "cost") for person in people])
+    assert len(buckets) == PEOPLE
+    each = SUBSCRIPTIONS // PEOPLE * 2
+    assert {bucket.available(int(item["fullAt"]), NOW) for item in buckets.values()} == {1_000 - each}
