@@ -46,6 +46,9 @@ class Sizes:
     fanout_clients: int = 1000
     fanout_processes: int = 4
     fanout_rounds: int = 5
+    # Section 3's memory per idle subscription: each of uvicorn's WebSocket
+    # implementations (a server of ours and a bare one for each, deflate off and on).
+    ws_implementations: tuple[str, ...] = ("websockets", "websockets-sansio", "wsproto")
     unlock_capsules: int = 10_000
     unlock_rounds: int = 3
     moto_capsules: int = 200
@@ -98,6 +101,7 @@ TINY = Sizes(
     fanout_clients=2,
     fanout_processes=1,
     fanout_rounds=1,
+    ws_implementations=("wsproto",),  # the default's, so the smoke starts 4 servers here, not 12
     unlock_capsules=20,
     unlock_rounds=1,
     moto_capsules=6,

@@ -19,16 +19,23 @@ from bench.common import Row, Sizes, server_env, token, verdict
 from bench.processes import bench_server
 
 SECTION = "3. Subscription fan-out"
-IMPLEMENTATIONS = ("websockets", "websockets-sansio", "wsproto")
+IMPLEMENTATIONS = Sizes().ws_implementations
 Memory = dict[tuple[str, str, bool], float]
 
 
-def measure(tokens: list[str], warm: list[str], data_dir: Path, processes: int, log_dir: Path) -> Memory:
+def measure(
+    tokens: list[str],
+    warm: list[str],
+    data_dir: Path,
+    processes: int,
+    log_dir: Path,
+    implementations: tuple[str, ...] = IMPLEMENTATIONS,
+) -> Memory:
     """KB of server RSS per idle subscription, by (app, implementation, deflate)."""
     from bench.fanout import idle_memory
 
     memory: Memory = {}
-    for implementation in IMPLEMENTATIONS:
+    for implementation in implementations:
         for deflate in (False, True):
             env = server_env(
                 data_dir,
@@ -55,7 +62,7 @@ def chosen(deflate: bool) -> str:
 
 def rows_of(n: int, memory: Memory) -> list[Row]:
     rows = []
-    for implementation in IMPLEMENTATIONS:
+    for implementation in dict.fromkeys(implementation for _, implementation, _ in memory):
         for deflate, target in ((False, 45), (True, 90)):
             ours, bare = memory["graphql", implementation, deflate], memory["bare", implementation, deflate]
             pick = implementation == chosen(deflate)
@@ -80,7 +87,9 @@ def run(sizes: Sizes, log_dir: Path) -> list[Row]:
     n = sizes.fanout_clients
     people = [f"sub{k:05d}" for k in range(n)]
     tokens, warm = [token(p) for p in people], [token(f"warm{k}") for k in range(min(5, n))]
-    memory = measure(tokens, warm, log_dir / "fanout", sizes.fanout_processes, log_dir)
+    memory = measure(
+        tokens, warm, log_dir / "fanout", sizes.fanout_processes, log_dir, sizes.ws_implementations
+    )
     return rows_of(n, memory)
 
 

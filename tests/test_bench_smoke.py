@@ -39,7 +39,7 @@ MEASURES: dict[int, tuple[str, ...]] = {
 MEASURES_STARTING: dict[int, tuple[str, ...]] = {
     3: tuple(
         f"server RSS per idle subscription, `{implementation}`, deflate {deflate} (2 clients)"
-        for implementation in ("websockets", "websockets-sansio", "wsproto")
+        for implementation in TINY.ws_implementations
         for deflate in ("off", "on")
     ),
     4: (
