@@ -41,13 +41,29 @@ def content_channel(content_id: str) -> str:
 RESYNC: Event = {"kind": "resync"}
 
 
+# Announcements still running after the operation that made them was stopped.
+_announcing: set[asyncio.Task[None]] = set()
+
+
 async def publish_committed(broker: EventBus | None, events: Sequence[tuple[str, Event]]) -> None:
     """Publishes what a committed write announces, best effort: a failure is
     logged and never raised into the write, which is done. The streams miss
     nothing: this process's re-read from the table now, the others' when
-    their broker connection comes back."""
+    their broker connection comes back.
+
+    The publish is shielded: an operation stopped after its commit (its
+    deadline passing, its client gone) is still announced. Cancelled with it,
+    the event was never published and nothing told the streams to re-read, so
+    a subscriber that stayed connected never had it."""
     if broker is None or not events:
         return
+    task = asyncio.ensure_future(_publish(broker, events))
+    _announcing.add(task)
+    task.add_done_callback(_announcing.discard)
+    await asyncio.shield(task)
+
+
+async def _publish(broker: EventBus, events: Sequence[tuple[str, Event]]) -> None:
     try:
         await broker.publish_many(events)
     except Exception:
