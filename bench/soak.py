@@ -67,6 +67,8 @@ MEASURE = "soak: events lost / duplicated"
 THINK_SECONDS = (3.0, 9.0)
 FINAL = ("READY", "DELIVERED", "FAILED")
 STATUS_ORDER = ("UPLOADING", "PROCESSING", "TRANSCODING", "READY", "DELIVERED", "FAILED")
+# How an attempt ends when its process is killed under it.
+TRANSPORT_FAILURES = ("RemoteProtocolError", "ReadError", "WriteError", "ReadTimeout")
 RETRY_CODES = ("UNAVAILABLE", "INTERNAL_SERVER_ERROR", "RATE_LIMITED")
 
 COMMENT = "mutation($c: ID!, $b: String!) { addComment(contentId: $c, body: $b) { id } }"
@@ -562,6 +564,7 @@ class Outcome:
     lost: list[str] = field(default_factory=list)
     doubled: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what else was seen, not a loss
+    unpromised: list[str] = field(default_factory=list)  # stream misses outside the contract
     counted: Counter[str] = field(default_factory=Counter)
 
 
@@ -768,12 +771,17 @@ async def check(runner: Soak, people: list[Person], baseline: dict[str, set[str]
                 )
         for note_id in sorted(missing(person)):
             how = ""
-            if note_id in by_note:
-                how = f", its comment {by_note[note_id].outcome}: {' → '.join(by_note[note_id].attempts)}"
-            outcome.lost.append(
+            sent_with = by_note.get(note_id)
+            if sent_with is not None:
+                how = f", its comment {sent_with.outcome}: {' → '.join(sent_with.attempts)}"
+            found = (
                 f"{person.subscription} of {person.user_id} never sent {note_id} "
                 f"({types[person.user_id][note_id]}{how})"
             )
+            # A comment committed by a process that died before it answered
+            # may never have been published: no outbox promises that one live.
+            died = sent_with is not None and any(a in TRANSPORT_FAILURES for a in sent_with.attempts)
+            (outcome.unpromised if died else outcome.lost).append(found)
     # Status streams end where the content is.
     for content_id, seen in ledger.watched.items():
         outcome.counted["status streams watched"] += 1
@@ -884,6 +892,15 @@ def rows_of(sizes: Sizes, outcome: Outcome) -> list[Row]:
         )
     errors = ", ".join(f"{code} {n}" for code, n in ledger.errors.most_common()) or "none"
     rows.append(Row(SECTION, "  errors by code", str(sum(ledger.errors.values())), errors))
+    if outcome.unpromised:
+        rows.append(
+            Row(
+                SECTION,
+                "  stream misses outside the promise (the writer killed between commit and publish)",
+                str(len(outcome.unpromised)),
+                "; ".join(outcome.unpromised[:3]),
+            )
+        )
     if outcome.notes:
         rows.append(Row(SECTION, "  also seen", str(len(outcome.notes)), "; ".join(outcome.notes[:5])))
     return rows
