@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from store import keys
+from store.port import op_key
 from tests.api.conftest import Api, running_api
 from tests.conftest import ENGINES
 from tests.factories import family_with_members, settle, upload
@@ -286,7 +288,9 @@ async def test_a_write_stopped_by_the_deadline_after_its_commit_is_still_announc
     the publish goes on. Stopped with the mutation, it never reached the
     author's streams, and nothing told them to re-read (the soak found it:
     subscribers that stayed connected never saw such a comment's note)."""
-    async with running_api(engine, "local", tmp_path, request, operation_deadline_seconds=1) as api:
+    # 3 s: the set-up's calls stay well within it on a loaded machine; the
+    # held call outlasts any deadline.
+    async with running_api(engine, "local", tmp_path, request, operation_deadline_seconds=3) as api:
         family_id = await family_with_members(api, "ana", ["ben"])
         content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
         await settle(api)
@@ -312,3 +316,45 @@ async def test_a_write_stopped_by_the_deadline_after_its_commit_is_still_announc
             broker.publish_many = publish
     (channel, event) = published[0]
     assert channel == "user:ana:notifications" and event["kind"] == "notification"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_write_in_flight_when_the_deadline_passes_is_announced_once_it_lands(
+    request: pytest.FixtureRequest, tmp_path: Path, engine: str
+) -> None:
+    """The deadline passes while a comment's transaction is in flight: the
+    write lands (its answer is what is held here) and the mutation has
+    answered UNAVAILABLE (outcome UNKNOWN). The note must still be announced:
+    stopped there, nothing published it and no outbox would."""
+    # 3 s: the set-up's calls stay well within it on a loaded machine; the
+    # held call outlasts any deadline.
+    async with running_api(engine, "local", tmp_path, request, operation_deadline_seconds=3) as api:
+        family_id = await family_with_members(api, "ana", ["ben"])
+        content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+        await settle(api)
+        table, broker = api.table, api.services.broker
+        transact, publish = table.transact, broker.publish_many
+        release, published = asyncio.Event(), []
+
+        async def landed_then_held(ops: Any) -> None:
+            await transact(ops)
+            if any(op_key(op)[1].startswith(keys.COMMENT_PREFIX) for op in ops):
+                await release.wait()  # the answer, in flight until the mutation has answered
+
+        async def recorded(events: Any) -> None:
+            await publish(events)
+            published.extend(events)
+
+        table.transact, broker.publish_many = landed_then_held, recorded  # type: ignore[method-assign]
+        try:
+            answer = await api.post(
+                "mutation($c: ID!, $b: String!) { addComment(contentId: $c, body: $b) { id } }",
+                {"c": content_id, "b": "hola"},
+                as_="ben",
+            )
+            release.set()
+            assert answer["errors"][0]["extensions"]["outcome"] == "UNKNOWN"
+            await until(lambda: published, "the comment's notification published")
+        finally:
+            table.transact, broker.publish_many = transact, publish  # type: ignore[method-assign]
+    assert [channel for channel, _ in published] == ["user:ana:notifications"]
