@@ -4,7 +4,10 @@ written to bench/RESULTS.md with the machine and library versions.
 ./dev bench observability [--quick]: section 7 alone (what metrics and tracing
 cost), printed, and written to bench/RESULTS-observability.md unless --out says
 otherwise; ./dev bench scaleout [--quick]: section 8 alone (1 and 3 server
-processes sharing the store and Redis), written to bench/RESULTS-scaleout.md."""
+processes sharing the store and Redis), written to bench/RESULTS-scaleout.md;
+./dev bench soak [--quick]: section 11 alone (three processes on DynamoDB and
+Redis, clients writing and subscribing while one process is killed every two
+minutes), written to bench/RESULTS-soak.md."""
 
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from bench.processes import cpu_count
 
 HERE = Path(__file__).resolve().parent
 SECTIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
-NAMED = {"observability": 7, "scaleout": 8, "push": 10}
+# The soak (11) runs only when asked for: ten minutes of its own.
+NAMED = {"observability": 7, "scaleout": 8, "push": 10, "soak": 11}
 
 
 async def _feed_sections(sizes: Sizes, tmp: Path, only: Sequence[int]) -> tuple[list[Row], str]:
@@ -53,6 +57,7 @@ def run_sections(
         robustness,
         round_trips,
         scaleout,
+        soak,
         sockets,
         unlock,
     )
@@ -99,6 +104,9 @@ def run_sections(
     if 10 in only:
         say("section 10 (Web Push)")
         rows += asyncio.run(push.run(sizes, tmp))
+    if 11 in only:
+        say("section 11 (soak with crashes)")
+        rows += soak.run(sizes, tmp)
     return rows
 
 

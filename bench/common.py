@@ -66,6 +66,9 @@ class Sizes:
     probes_per_round: int = 10
     push_devices: int = 1000
     push_rounds: int = 3
+    soak_seconds: float = 600.0
+    soak_clients: int = 50
+    soak_kill_every: float = 120.0
 
 
 FULL = Sizes()
@@ -91,6 +94,8 @@ QUICK = Sizes(
     probes_per_round=5,
     push_devices=200,
     push_rounds=2,
+    soak_seconds=40.0,
+    soak_kill_every=25.0,
 )
 TINY = Sizes(
     exec_rounds=1,
@@ -118,6 +123,9 @@ TINY = Sizes(
     probes_per_round=1,
     push_devices=5,
     push_rounds=1,
+    soak_seconds=12.0,
+    soak_clients=6,
+    soak_kill_every=6.0,
 )
 
 

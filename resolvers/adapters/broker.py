@@ -12,13 +12,15 @@ import contextlib
 import json
 import logging
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator, Sequence
-from typing import Protocol
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from resolvers.core.errors import Unavailable
 from resolvers.core.heap import SubscriptionHeap
 from resolvers.core.metrics import Metrics
 from resolvers.core.ports import Event, EventBus, Receiver
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +43,44 @@ def content_channel(content_id: str) -> str:
 RESYNC: Event = {"kind": "resync"}
 
 
+# Work still running after the operation that started it was stopped.
+_finishing: set[asyncio.Future[Any]] = set()
+
+
+async def to_the_end(work: Awaitable[T]) -> T:
+    """`work`, run to its end even if the operation awaiting it is stopped
+    meanwhile (its deadline passing, its client gone): the caller is
+    cancelled, the work is not. For a commit and what announces it, which
+    must not part: a write in flight that lands after the operation was
+    stopped would otherwise never be announced."""
+    task = asyncio.ensure_future(work)
+    _finishing.add(task)
+    task.add_done_callback(_finished)
+    return await asyncio.shield(task)
+
+
+def _finished(task: asyncio.Future[Any]) -> None:
+    _finishing.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: its caller, if still there, raised it
+
+
 async def publish_committed(broker: EventBus | None, events: Sequence[tuple[str, Event]]) -> None:
     """Publishes what a committed write announces, best effort: a failure is
     logged and never raised into the write, which is done. The streams miss
     nothing: this process's re-read from the table now, the others' when
-    their broker connection comes back."""
+    their broker connection comes back.
+
+    The publish runs to its end (`to_the_end`): an operation stopped after its
+    commit is still announced. Cancelled with it, the event was never
+    published and nothing told the streams to re-read, so a subscriber that
+    stayed connected never had it."""
     if broker is None or not events:
         return
+    await to_the_end(_publish(broker, events))
+
+
+async def _publish(broker: EventBus, events: Sequence[tuple[str, Event]]) -> None:
     try:
         await broker.publish_many(events)
     except Exception:

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from resolvers.adapters.broker import publish_committed, user_channel
+from resolvers.adapters.broker import publish_committed, to_the_end, user_channel
 from resolvers.core.context import Context
 from resolvers.core.errors import Conflict
 from resolvers.core.pagination import ItemPage, filtered_page
@@ -268,7 +268,22 @@ async def write(
     in the first transaction with the notes (which must then fit in it); if one
     of them fails, the transaction's `TransactionCancelled` is raised and
     nothing is written. `announce=False` is for a caller that publishes the
-    notes itself, with `announcement`, once a later write of its own commits."""
+    notes itself, with `announcement`, once a later write of its own commits.
+
+    Runs to its end even if the operation is stopped meanwhile (`to_the_end`):
+    a transaction in flight when the deadline passes may land, and its notes
+    must then be announced; no outbox would tell the streams otherwise."""
+    return await to_the_end(_write(table, broker, notes, prepared, beside, announce))
+
+
+async def _write(
+    table: Table,
+    broker: EventBus | None,
+    notes: Sequence[Notification],
+    prepared: Prepared | None,
+    beside: Sequence[WriteOp],
+    announce: bool,
+) -> list[Notification]:
     extra = list(beside)
     if extra and len(notes) + len(extra) > WRITTEN_PER_TRANSACTION:
         raise ValueError("notes written beside other writes must fit in one transaction")

@@ -4,12 +4,18 @@ deadline, photos over the pixel cap and text checked as it streams."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from store import keys
+from store.port import op_key
 from tests.api.conftest import Api, running_api
+from tests.conftest import ENGINES
 from tests.factories import family_with_members, settle, upload
+from tests.servers import until
 
 pytestmark = pytest.mark.usefixtures("turns_without_time")
 
@@ -271,3 +277,84 @@ async def test_text_is_checked_as_it_streams(api: Api) -> None:
     assert (await api.ok(query, {"id": ok_id}, as_="ana"))["content"]["status"] == "READY"
     failed = (await api.ok(query, {"id": bad_id}, as_="ana"))["content"]
     assert failed == {"status": "FAILED", "failureReason": "the file is not UTF-8 text"}
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_write_stopped_by_the_deadline_after_its_commit_is_still_announced(
+    request: pytest.FixtureRequest, tmp_path: Path, engine: str
+) -> None:
+    """A comment commits, then its deadline passes while its notification is
+    being published: the mutation answers UNAVAILABLE (outcome UNKNOWN), and
+    the publish goes on. Stopped with the mutation, it never reached the
+    author's streams, and nothing told them to re-read (the soak found it:
+    subscribers that stayed connected never saw such a comment's note)."""
+    # 3 s: the set-up's calls stay well within it on a loaded machine; the
+    # held call outlasts any deadline.
+    async with running_api(engine, "local", tmp_path, request, operation_deadline_seconds=3) as api:
+        family_id = await family_with_members(api, "ana", ["ben"])
+        content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+        await settle(api)
+        broker = api.services.broker
+        publish, release, published = broker.publish_many, asyncio.Event(), []
+
+        async def held(events: Any) -> None:
+            await release.wait()  # until the mutation has answered
+            await publish(events)
+            published.extend(events)
+
+        broker.publish_many = held
+        try:
+            answer = await api.post(
+                "mutation($c: ID!, $b: String!) { addComment(contentId: $c, body: $b) { id } }",
+                {"c": content_id, "b": "hola"},
+                as_="ben",
+            )
+            release.set()
+            assert answer["errors"][0]["extensions"]["outcome"] == "UNKNOWN"
+            await until(lambda: published, "the comment's notification published")
+        finally:
+            broker.publish_many = publish
+    (channel, event) = published[0]
+    assert channel == "user:ana:notifications" and event["kind"] == "notification"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+async def test_a_write_in_flight_when_the_deadline_passes_is_announced_once_it_lands(
+    request: pytest.FixtureRequest, tmp_path: Path, engine: str
+) -> None:
+    """The deadline passes while a comment's transaction is in flight: the
+    write lands (its answer is what is held here) and the mutation has
+    answered UNAVAILABLE (outcome UNKNOWN). The note must still be announced:
+    stopped there, nothing published it and no outbox would."""
+    # 3 s: the set-up's calls stay well within it on a loaded machine; the
+    # held call outlasts any deadline.
+    async with running_api(engine, "local", tmp_path, request, operation_deadline_seconds=3) as api:
+        family_id = await family_with_members(api, "ana", ["ben"])
+        content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+        await settle(api)
+        table, broker = api.table, api.services.broker
+        transact, publish = table.transact, broker.publish_many
+        release, published = asyncio.Event(), []
+
+        async def landed_then_held(ops: Any) -> None:
+            await transact(ops)
+            if any(op_key(op)[1].startswith(keys.COMMENT_PREFIX) for op in ops):
+                await release.wait()  # the answer, in flight until the mutation has answered
+
+        async def recorded(events: Any) -> None:
+            await publish(events)
+            published.extend(events)
+
+        table.transact, broker.publish_many = landed_then_held, recorded  # type: ignore[method-assign]
+        try:
+            answer = await api.post(
+                "mutation($c: ID!, $b: String!) { addComment(contentId: $c, body: $b) { id } }",
+                {"c": content_id, "b": "hola"},
+                as_="ben",
+            )
+            release.set()
+            assert answer["errors"][0]["extensions"]["outcome"] == "UNKNOWN"
+            await until(lambda: published, "the comment's notification published")
+        finally:
+            table.transact, broker.publish_many = transact, publish  # type: ignore[method-assign]
+    assert [channel for channel, _ in published] == ["user:ana:notifications"]
