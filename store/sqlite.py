@@ -1,20 +1,22 @@
 """The embedded engine: one SQLite file with DynamoDB's item, index and
 condition semantics, so a fresh clone runs with nothing else installed.
 
-Calls run on the event loop thread: each is a few local page reads or one
-short write transaction, cheaper than a hop to a worker thread. Writes take
-SQLite's write lock up front (BEGIN IMMEDIATE), so a condition is checked and
-its write made with no other writer in between, across processes too.
+Reads run on the event loop thread, on a connection of their own: each is a
+few local page reads, and a WAL reader never waits for a writer, so that is
+cheaper than a hop to a thread. Writes, which can wait for another process's
+write lock and for the disk, go to one writer thread (`store.sqlite_writer`)
+that commits those arriving together in one transaction. It takes SQLite's
+write lock up front (BEGIN IMMEDIATE), so a condition is checked and its write
+made with no other writer in between, across processes too.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,10 @@ from store.port import (
     WriteOp,
     op_key,
 )
+from store.sqlite_writer import Writer
+
+# How long a write waits for another process's write lock before failing.
+BUSY_TIMEOUT = 30.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -104,24 +110,60 @@ def _check_keeps_key(update: Update) -> None:
         raise StoreError("an update cannot change an item's key")
 
 
+def _connect(path: str) -> sqlite3.Connection:
+    return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT)
+
+
+def _read(db: sqlite3.Connection, key: Key) -> Item | None:
+    row = db.execute("SELECT body FROM items WHERE pk = ? AND sk = ?", key).fetchone()
+    return None if row is None else orjson.loads(row[0])
+
+
+def _remove(db: sqlite3.Connection, key: Key) -> None:
+    db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", key)
+
+
+def _write(db: sqlite3.Connection, item: Item) -> Item:
+    """The one place a row is written: what it stores is in the current
+    format (`store.formats`), and that is what it answers."""
+    _validate(item)
+    item = formats.stamped(item)
+    g1 = _index_values(item, "GSI1PK", "GSI1SK")
+    g2 = _index_values(item, "GSI2PK", "GSI2SK")
+    db.execute(
+        "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, gsi2pk, gsi2sk, body) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (item["PK"], item["SK"], *g1, *g2, orjson.dumps(item).decode()),
+    )
+    return item
+
+
+def _check(key: Key, current: Item | None, condition: Condition | None) -> None:
+    if condition is not None and not matches(condition, current):
+        raise ConditionFailed(key)
+
+
 class SqliteTable:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            # Two connections share the table (see the module's docstring):
+            # only a file is seen alike by both.
+            raise StoreError("the embedded store needs a file's path")
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        writer = _connect(self.path)
+        writer.execute("PRAGMA journal_mode=WAL")
+        writer.execute("PRAGMA synchronous=NORMAL")
+        writer.executescript(_SCHEMA)
+        # The loop's connection only reads: a write on it would wait for the lock here.
+        self._db = _connect(self.path)
+        self._db.execute("PRAGMA query_only=ON")
+        self._writer = Writer(writer)
 
     # Reads --------------------------------------------------------------------
 
-    def _read(self, key: Key) -> Item | None:
-        row = self._db.execute("SELECT body FROM items WHERE pk = ? AND sk = ?", key).fetchone()
-        return None if row is None else orjson.loads(row[0])
-
     async def get(self, key: Key) -> Item | None:
-        return self._read(key)
+        return _read(self._db, key)
 
     async def batch_get(self, keys: Sequence[Key]) -> dict[Key, Item]:
         found: dict[Key, Item] = {}
@@ -202,77 +244,50 @@ class SqliteTable:
         return Page(items, next_cursor)
 
     # Writes -------------------------------------------------------------------
-
-    def _remove(self, key: Key) -> None:
-        self._db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", key)
-
-    def _write(self, item: Item) -> Item:
-        """The one place a row is written: what it stores is in the current
-        format (`store.formats`), and that is what it answers."""
-        _validate(item)
-        item = formats.stamped(item)
-        g1 = _index_values(item, "GSI1PK", "GSI1SK")
-        g2 = _index_values(item, "GSI2PK", "GSI2SK")
-        self._db.execute(
-            "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, gsi2pk, gsi2sk, body) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (item["PK"], item["SK"], *g1, *g2, orjson.dumps(item).decode()),
-        )
-        return item
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """One write transaction: rolled back on any error, so every failure
-        leaves nothing applied; SQLite failing to write (a full disk, an I/O
-        error, the file locked past the timeout) is StoreUnavailable."""
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as error:
-            raise StoreUnavailable(f"SQLite: {error}", outcome_known=True) from error
-        try:
-            yield
-            self._db.execute("COMMIT")
-        except BaseException as error:
-            if self._db.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    self._db.execute("ROLLBACK")
-            if isinstance(error, sqlite3.OperationalError):
-                raise StoreUnavailable(f"SQLite: {error}", outcome_known=True) from error
-            raise
-
-    def _check(self, key: Key, current: Item | None, condition: Condition | None) -> None:
-        if condition is not None and not matches(condition, current):
-            raise ConditionFailed(key)
+    # Each is a job of the writer's (`store.sqlite_writer`): its read, its
+    # condition and its write in a transaction of their own (a savepoint of
+    # the group's), and its caller answered once that commits.
 
     async def put(self, item: Item, condition: Condition | None = None) -> None:
         _validate(item)
         key = (item["PK"], item["SK"])
-        with self._transaction():
-            self._check(key, self._read(key), condition)
-            self._write(item)
+
+        def work(db: sqlite3.Connection) -> None:
+            _check(key, _read(db, key), condition)
+            _write(db, item)
+
+        await self._writer.run(work)
 
     async def update(self, update: Update) -> Item:
         _check_keeps_key(update)
-        with self._transaction():
-            current = self._read(update.key)
-            self._check(update.key, current, update.condition)
-            return self._write(apply_update(current, update))
+
+        def work(db: sqlite3.Connection) -> Item:
+            current = _read(db, update.key)
+            _check(update.key, current, update.condition)
+            return _write(db, apply_update(current, update))
+
+        return await self._writer.run(work)
 
     async def delete(self, key: Key, condition: Condition | None = None) -> Item | None:
-        with self._transaction():
-            current = self._read(key)
-            self._check(key, current, condition)
-            self._remove(key)
-        return current
+        def work(db: sqlite3.Connection) -> Item | None:
+            current = _read(db, key)
+            _check(key, current, condition)
+            _remove(db, key)
+            return current
+
+        return await self._writer.run(work)
 
     async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
         for item in puts:
             _validate(item)
-        with self._transaction():
+
+        def work(db: sqlite3.Connection) -> None:
             for item in puts:
-                self._write(item)
+                _write(db, item)
             for key in deletes:
-                self._remove(key)
+                _remove(db, key)
+
+        await self._writer.run(work)
 
     async def transact(self, ops: Sequence[WriteOp]) -> None:
         if not ops:
@@ -285,8 +300,9 @@ class SqliteTable:
         op_keys = [op_key(op) for op in ops]
         if len(set(op_keys)) != len(op_keys):
             raise StoreError("a transaction may touch each item only once")
-        with self._transaction():
-            currents = [self._read(key) for key in op_keys]
+
+        def work(db: sqlite3.Connection) -> None:
+            currents = [_read(db, key) for key in op_keys]
             failed = [
                 Cancellation(i, key, "ConditionalCheckFailed")
                 for i, (op, key, current) in enumerate(zip(ops, op_keys, currents, strict=True))
@@ -296,13 +312,15 @@ class SqliteTable:
                 raise TransactionCancelled(failed)
             for op, key, current in zip(ops, op_keys, currents, strict=True):
                 if isinstance(op, Put):
-                    self._write(op.item)
+                    _write(db, op.item)
                 elif isinstance(op, Update):
-                    self._write(apply_update(current, op))
+                    _write(db, apply_update(current, op))
                 elif isinstance(op, Delete):
-                    self._remove(key)
+                    _remove(db, key)
                 elif not isinstance(op, Check):
                     raise TypeError(f"unknown write {op!r}")
+
+        await self._writer.run(work)
 
     # Expiry -------------------------------------------------------------------
 
@@ -311,23 +329,27 @@ class SqliteTable:
         the epoch) has passed are deleted, `batch` at a time; answers how many."""
         moment = time.time() if now is None else now
         total = 0
-        while True:
-            deleted = self._db.execute(
+
+        def work(db: sqlite3.Connection) -> int:
+            return db.execute(
                 "DELETE FROM items WHERE (pk, sk) IN (SELECT pk, sk FROM items "
                 f"WHERE json_extract(body, '$.{TTL_ATTRIBUTE}') < ? LIMIT ?)",
                 (moment, batch),
             ).rowcount
+
+        while True:
+            deleted = await self._writer.run(work)
             total += deleted
             if deleted < batch:
                 return total
-            await asyncio.sleep(0)  # a long sweep lets requests in between batches
+            await asyncio.sleep(0)  # a long sweep lets other writes in between batches
 
     async def sweep_every(self, seconds: float) -> None:
         """`sweep_expired` now and every `seconds`, until cancelled."""
         while True:
             try:
                 await self.sweep_expired()
-            except sqlite3.Error:
+            except (sqlite3.Error, StoreUnavailable):
                 logging.getLogger("mifamilias.store").exception("could not sweep expired items")
             await asyncio.sleep(seconds)
 
@@ -335,7 +357,10 @@ class SqliteTable:
         self._db.execute("SELECT 1").fetchone()
 
     async def close(self) -> None:
+        # The writer closes last: the last connection to close checkpoints the
+        # WAL into the file, a sync that belongs off the loop.
         self._db.close()
+        await self._writer.close()
 
 
 def _index_pk_name(index: Index) -> str:
