@@ -119,23 +119,69 @@ def _read(db: sqlite3.Connection, key: Key) -> Item | None:
     return None if row is None else orjson.loads(row[0])
 
 
-def _remove(db: sqlite3.Connection, key: Key) -> None:
-    db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", key)
+def _read_many(db: sqlite3.Connection, keys: Sequence[Key]) -> dict[Key, Item]:
+    found: dict[Key, Item] = {}
+    unique = list(dict.fromkeys(keys))
+    # SQLite caps bound parameters; 400 keys is 800, well under it.
+    for start in range(0, len(unique), 400):
+        chunk = unique[start : start + 400]
+        placeholders = ",".join("(?, ?)" for _ in chunk)
+        params = [part for key in chunk for part in key]
+        # A join from the wanted keys, so each is a search of the primary
+        # key: `(pk, sk) IN (VALUES ...)` scans the whole table instead.
+        rows = db.execute(
+            f"SELECT items.pk, items.sk, items.body FROM (VALUES {placeholders}) AS wanted"
+            " CROSS JOIN items ON items.pk = wanted.column1 AND items.sk = wanted.column2",
+            params,
+        ).fetchall()
+        for pk, sk, body in rows:
+            found[(pk, sk)] = orjson.loads(body)
+    return found
 
 
-def _write(db: sqlite3.Connection, item: Item) -> Item:
-    """The one place a row is written: what it stores is in the current
-    format (`store.formats`), and that is what it answers."""
-    _validate(item)
-    item = formats.stamped(item)
-    g1 = _index_values(item, "GSI1PK", "GSI1SK")
-    g2 = _index_values(item, "GSI2PK", "GSI2SK")
-    db.execute(
-        "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, gsi2pk, gsi2sk, body) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (item["PK"], item["SK"], *g1, *g2, orjson.dumps(item).decode()),
-    )
-    return item
+# Rows per INSERT: 7 parameters each, well under SQLite's cap of 32,766.
+_ROWS_PER_INSERT = 500
+
+
+class _Changes:
+    """What one write makes, worked out in full before any of it is written:
+    a write that fails (its condition, an update that cannot apply, an item
+    that cannot be encoded) has written nothing, so writes sharing a
+    transaction need no savepoint each."""
+
+    __slots__ = ("deletes", "rows")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str | None, str | None, str | None, str | None, str]] = []
+        self.deletes: list[Key] = []
+
+    def write(self, item: Item) -> Item:
+        """The one place a row is made: what it stores is in the current
+        format (`store.formats`), and that is what it answers."""
+        _validate(item)
+        item = formats.stamped(item)
+        g1 = _index_values(item, "GSI1PK", "GSI1SK")
+        g2 = _index_values(item, "GSI2PK", "GSI2SK")
+        self.rows.append((item["PK"], item["SK"], *g1, *g2, orjson.dumps(item).decode()))
+        return item
+
+    def remove(self, key: Key) -> None:
+        self.deletes.append(key)
+
+
+def _apply(db: sqlite3.Connection, changes: _Changes) -> None:
+    """A write's rows in one statement (each statement is a hand-off of the
+    GIL, and a wait for it while the loop runs), then its deletes."""
+    rows = changes.rows
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[start : start + _ROWS_PER_INSERT]
+        db.execute(
+            "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, gsi2pk, gsi2sk, body) VALUES "
+            + ",".join("(?, ?, ?, ?, ?, ?, ?)" for _ in chunk),
+            [value for row in chunk for value in row],
+        )
+    if changes.deletes:
+        db.executemany("DELETE FROM items WHERE pk = ? AND sk = ?", changes.deletes)
 
 
 def _check(key: Key, current: Item | None, condition: Condition | None) -> None:
@@ -158,7 +204,7 @@ class SqliteTable:
         # The loop's connection only reads: a write on it would wait for the lock here.
         self._db = _connect(self.path)
         self._db.execute("PRAGMA query_only=ON")
-        self._writer = Writer(writer)
+        self._writer = Writer(writer, _apply)
 
     # Reads --------------------------------------------------------------------
 
@@ -166,23 +212,7 @@ class SqliteTable:
         return _read(self._db, key)
 
     async def batch_get(self, keys: Sequence[Key]) -> dict[Key, Item]:
-        found: dict[Key, Item] = {}
-        unique = list(dict.fromkeys(keys))
-        # SQLite caps bound parameters; 400 keys is 800, well under it.
-        for start in range(0, len(unique), 400):
-            chunk = unique[start : start + 400]
-            placeholders = ",".join("(?, ?)" for _ in chunk)
-            params = [part for key in chunk for part in key]
-            # A join from the wanted keys, so each is a search of the primary
-            # key: `(pk, sk) IN (VALUES ...)` scans the whole table instead.
-            rows = self._db.execute(
-                f"SELECT items.pk, items.sk, items.body FROM (VALUES {placeholders}) AS wanted"
-                " CROSS JOIN items ON items.pk = wanted.column1 AND items.sk = wanted.column2",
-                params,
-            ).fetchall()
-            for pk, sk, body in rows:
-                found[(pk, sk)] = orjson.loads(body)
-        return found
+        return _read_many(self._db, keys)
 
     async def query(
         self,
@@ -244,50 +274,50 @@ class SqliteTable:
         return Page(items, next_cursor)
 
     # Writes -------------------------------------------------------------------
-    # Each is a job of the writer's (`store.sqlite_writer`): its read, its
-    # condition and its write in a transaction of their own (a savepoint of
-    # the group's), and its caller answered once that commits.
+    # Each is a job of the writer's (`store.sqlite_writer`): it reads and checks
+    # its condition, works out its `_Changes`, and the writer writes them in the
+    # same transaction; its caller is answered once that commits.
 
     async def put(self, item: Item, condition: Condition | None = None) -> None:
         _validate(item)
         key = (item["PK"], item["SK"])
 
-        def work(db: sqlite3.Connection) -> None:
+        def work(db: sqlite3.Connection) -> tuple[None, _Changes]:
             _check(key, _read(db, key), condition)
-            _write(db, item)
+            changes = _Changes()
+            changes.write(item)
+            return None, changes
 
         await self._writer.run(work)
 
     async def update(self, update: Update) -> Item:
         _check_keeps_key(update)
 
-        def work(db: sqlite3.Connection) -> Item:
+        def work(db: sqlite3.Connection) -> tuple[Item, _Changes]:
             current = _read(db, update.key)
             _check(update.key, current, update.condition)
-            return _write(db, apply_update(current, update))
+            changes = _Changes()
+            return changes.write(apply_update(current, update)), changes
 
         return await self._writer.run(work)
 
     async def delete(self, key: Key, condition: Condition | None = None) -> Item | None:
-        def work(db: sqlite3.Connection) -> Item | None:
+        def work(db: sqlite3.Connection) -> tuple[Item | None, _Changes]:
             current = _read(db, key)
             _check(key, current, condition)
-            _remove(db, key)
-            return current
+            changes = _Changes()
+            changes.remove(key)
+            return current, changes
 
         return await self._writer.run(work)
 
     async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
+        changes = _Changes()
         for item in puts:
-            _validate(item)
-
-        def work(db: sqlite3.Connection) -> None:
-            for item in puts:
-                _write(db, item)
-            for key in deletes:
-                _remove(db, key)
-
-        await self._writer.run(work)
+            changes.write(item)
+        for key in deletes:
+            changes.remove(key)
+        await self._writer.run(lambda db: (None, changes))
 
     async def transact(self, ops: Sequence[WriteOp]) -> None:
         if not ops:
@@ -301,8 +331,9 @@ class SqliteTable:
         if len(set(op_keys)) != len(op_keys):
             raise StoreError("a transaction may touch each item only once")
 
-        def work(db: sqlite3.Connection) -> None:
-            currents = [_read(db, key) for key in op_keys]
+        def work(db: sqlite3.Connection) -> tuple[None, _Changes]:
+            found = _read_many(db, op_keys)
+            currents = [found.get(key) for key in op_keys]
             failed = [
                 Cancellation(i, key, "ConditionalCheckFailed")
                 for i, (op, key, current) in enumerate(zip(ops, op_keys, currents, strict=True))
@@ -310,15 +341,17 @@ class SqliteTable:
             ]
             if failed:
                 raise TransactionCancelled(failed)
+            changes = _Changes()
             for op, key, current in zip(ops, op_keys, currents, strict=True):
                 if isinstance(op, Put):
-                    _write(db, op.item)
+                    changes.write(op.item)
                 elif isinstance(op, Update):
-                    _write(db, apply_update(current, op))
+                    changes.write(apply_update(current, op))
                 elif isinstance(op, Delete):
-                    _remove(db, key)
+                    changes.remove(key)
                 elif not isinstance(op, Check):
                     raise TypeError(f"unknown write {op!r}")
+            return None, changes
 
         await self._writer.run(work)
 
@@ -330,12 +363,14 @@ class SqliteTable:
         moment = time.time() if now is None else now
         total = 0
 
-        def work(db: sqlite3.Connection) -> int:
-            return db.execute(
-                "DELETE FROM items WHERE (pk, sk) IN (SELECT pk, sk FROM items "
-                f"WHERE json_extract(body, '$.{TTL_ATTRIBUTE}') < ? LIMIT ?)",
+        def work(db: sqlite3.Connection) -> tuple[int, _Changes]:
+            expired = db.execute(
+                f"SELECT pk, sk FROM items WHERE json_extract(body, '$.{TTL_ATTRIBUTE}') < ? LIMIT ?",
                 (moment, batch),
-            ).rowcount
+            ).fetchall()
+            changes = _Changes()
+            changes.deletes = expired
+            return len(expired), changes
 
         while True:
             deleted = await self._writer.run(work)

@@ -4,11 +4,14 @@ process holding it, up to the busy timeout) and the WAL's writes and
 checkpoints' syncs happen off the event loop.
 
 Writes that arrive together commit together: the thread takes every job
-waiting, opens one BEGIN IMMEDIATE transaction, runs each job under a
-savepoint of its own (a job that raises is rolled back alone, and the others
-keep their writes), and commits once. Each job still reads, checks its
-condition and writes with no other writer in between, as a transaction of
-its own would; its caller hears back only once the commit is made.
+waiting, opens one BEGIN IMMEDIATE transaction, and for each job in turn runs
+its `work` (its reads and its condition, answering what to write, having
+written nothing) and then `apply` (the writing alone); then it commits once. A
+job whose work raises wrote nothing, so the others keep theirs with no
+savepoint each; SQLite failing fails the group, rolled back whole. Each job
+still reads, checks and writes with no other writer in between (the jobs
+before it in the group included), as a transaction of its own would; its
+caller hears back only once the commit is made.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from store.port import StoreUnavailable
 
 T = TypeVar("T")
+C = TypeVar("C")  # what a job's work answers to write
 
 # Jobs in one transaction at most: a burst of writes shares commits, and no
 # single transaction holds the lock (and other processes' writers) for long.
@@ -33,7 +37,7 @@ GROUP_LIMIT = 64
 
 @dataclass(slots=True)
 class _Job:
-    work: Callable[[sqlite3.Connection], Any] | None  # None: stop
+    work: Callable[[sqlite3.Connection], tuple[Any, Any]] | None  # None: stop
     future: asyncio.Future[Any]
     loop: asyncio.AbstractEventLoop
 
@@ -54,17 +58,19 @@ def _settle(outcomes: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
             future.set_exception(value)
 
 
-class Writer:
-    def __init__(self, db: sqlite3.Connection) -> None:
+class Writer(Generic[C]):
+    def __init__(self, db: sqlite3.Connection, apply: Callable[[sqlite3.Connection, C], None]) -> None:
         self._db = db
+        self._apply = apply
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._closing = False
         self._thread = threading.Thread(target=self._run, name="sqlite-writer", daemon=True)
         self._thread.start()
 
-    async def run(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        """`work` run in a write transaction on the writer's connection; what it
-        answers or raises. A caller cancelled while it waits does not undo it."""
+    async def run(self, work: Callable[[sqlite3.Connection], tuple[T, C]]) -> T:
+        """`work` run in a write transaction on the writer's connection, reading
+        only, and what it answers to write applied; its answer, or what it
+        raised. A caller cancelled while it waits does not undo it."""
         if self._closing:
             raise StoreUnavailable("the table is closed", outcome_known=True)
         loop = asyncio.get_running_loop()
@@ -111,36 +117,28 @@ class Writer:
             db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as error:
             return [(False, _unavailable(error)) for _ in group]
-        alone = len(group) == 1
         outcomes: list[tuple[bool, Any]] = []
         try:
             for job in group:
-                if not alone:
-                    db.execute("SAVEPOINT job")
+                assert job.work is not None
                 try:
-                    assert job.work is not None
-                    value = job.work(db)
+                    value, changes = job.work(db)
+                except sqlite3.Error:
+                    raise
                 except Exception as error:
-                    # SQLite failing inside a job (a full disk, an I/O error)
-                    # may have spoilt the transaction: none of the group stands.
-                    if alone or isinstance(error, sqlite3.Error):
-                        raise
-                    db.execute("ROLLBACK TO job")
-                    db.execute("RELEASE job")
-                    outcomes.append((False, error))
+                    outcomes.append((False, error))  # it wrote nothing
                     continue
-                if not alone:
-                    db.execute("RELEASE job")
+                self._apply(db, changes)
                 outcomes.append((True, value))
             db.execute("COMMIT")
         except Exception as error:
             if db.in_transaction:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
-            if not isinstance(error, sqlite3.Error):
-                return [(False, error)]  # only a job alone raises here
             # Nothing of the group was applied; each caller hears why.
-            return [(False, _unavailable(error)) for _ in group]
+            if isinstance(error, sqlite3.Error):
+                return [(False, _unavailable(error)) for _ in group]
+            return [(False, error) for _ in group]
         return outcomes
 
     def _answer(self, group: list[_Job], outcomes: list[tuple[bool, Any]]) -> None:
