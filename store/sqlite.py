@@ -3,16 +3,19 @@ condition semantics, so a fresh clone runs with nothing else installed.
 
 Reads run on the event loop thread, on a connection of their own: each is a
 few local page reads, and a WAL reader never waits for a writer, so that is
-cheaper than a hop to a thread. Writes, which can wait for another process's
-write lock and for the disk, go to one writer thread (`store.sqlite_writer`)
-that commits those arriving together in one transaction. It takes SQLite's
-write lock up front (BEGIN IMMEDIATE), so a condition is checked and its write
-made with no other writer in between, across processes too.
+cheaper than a hop to a thread. Writes (`store.sqlite_writer`) asked for in
+one turn of the loop commit together; they are made on the loop while SQLite's
+write lock is free, and by a thread while another process holds it, so the
+loop never waits for it. Each takes the write lock up front (BEGIN IMMEDIATE),
+so a condition is checked and its write made with no other writer in between,
+across processes too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import sqlite3
 import time
@@ -110,8 +113,15 @@ def _check_keeps_key(update: Update) -> None:
         raise StoreError("an update cannot change an item's key")
 
 
-def _connect(path: str) -> sqlite3.Connection:
-    return sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=BUSY_TIMEOUT)
+def _connect(path: str, timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=timeout)
+    # WAL appends without a sync per commit; its checkpoints sync.
+    db.execute("PRAGMA synchronous=NORMAL")
+    # A statement that writes many rows inside a transaction keeps a journal
+    # of its own (to undo itself alone): in memory, not a temporary file.
+    db.execute("PRAGMA temp_store=MEMORY")
+    db.execute("PRAGMA cache_size=-16000")
+    return db
 
 
 def _read(db: sqlite3.Connection, key: Key) -> Item | None:
@@ -197,14 +207,15 @@ class SqliteTable:
             # only a file is seen alike by both.
             raise StoreError("the embedded store needs a file's path")
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        writer = _connect(self.path)
-        writer.execute("PRAGMA journal_mode=WAL")
-        writer.execute("PRAGMA synchronous=NORMAL")
-        writer.executescript(_SCHEMA)
-        # The loop's connection only reads: a write on it would wait for the lock here.
-        self._db = _connect(self.path)
-        self._db.execute("PRAGMA query_only=ON")
-        self._writer = Writer(writer, _apply)
+        with contextlib.closing(_connect(self.path)) as setup:
+            setup.execute("PRAGMA journal_mode=WAL")
+            setup.executescript(_SCHEMA)
+        # The loop's connection, for reads and for the writes made on the loop:
+        # one page cache, kept warm (another connection's writes would empty
+        # it). It never waits for a lock: a WAL reader has none to wait for,
+        # and a write that finds the lock held goes to the writer's thread.
+        self._db = _connect(self.path, timeout=0)
+        self._writer = Writer(self._db, functools.partial(_connect, self.path), _apply)
 
     # Reads --------------------------------------------------------------------
 
@@ -392,9 +403,9 @@ class SqliteTable:
         self._db.execute("SELECT 1").fetchone()
 
     async def close(self) -> None:
-        # The writer closes last: the last connection to close checkpoints the
-        # WAL into the file, a sync that belongs off the loop.
-        self._db.close()
+        # The writer closes the loop's connection, then its thread's: the last
+        # connection to close checkpoints the WAL into the file, a sync that
+        # belongs off the loop.
         await self._writer.close()
 
 
