@@ -57,12 +57,9 @@ class Record:
     def to_item(self) -> Item:
         pk, sk = self.key
         item: Item = {"PK": pk, "SK": sk, "type": self.item_type()}
-        for spec in fields(self):  # type: ignore[arg-type]
-            if spec.name not in self.DERIVED:
-                value = getattr(self, spec.name)
-                item[self.RENAMED.get(spec.name, attribute_name(spec.name))] = (
-                    list(value) if isinstance(value, tuple) else value
-                )
+        for name, attribute, _ in self._stored_fields():
+            value = getattr(self, name)
+            item[attribute] = list(value) if isinstance(value, tuple) else value
         item.update(self.extra_attributes())
         item.update(self.index_keys())
         return item
@@ -70,7 +67,8 @@ class Record:
     @classmethod
     def _stored_fields(cls) -> tuple[tuple[str, str, bool], ...]:
         """(field, attribute, whether the field has no default) per stored field:
-        worked out once per class, since every read decodes items."""
+        worked out once per class, since every read decodes items and every
+        write encodes one."""
         found = cls.__dict__.get("_stored")
         if found is None:
             found = tuple(

@@ -1,20 +1,25 @@
 """The embedded engine: one SQLite file with DynamoDB's item, index and
 condition semantics, so a fresh clone runs with nothing else installed.
 
-Calls run on the event loop thread: each is a few local page reads or one
-short write transaction, cheaper than a hop to a worker thread. Writes take
-SQLite's write lock up front (BEGIN IMMEDIATE), so a condition is checked and
-its write made with no other writer in between, across processes too.
+Reads run on the event loop thread, on a connection of their own: each is a
+few local page reads, and a WAL reader never waits for a writer, so that is
+cheaper than a hop to a thread. Writes (`store.sqlite_writer`) asked for in
+one turn of the loop commit together; they are made on the loop while SQLite's
+write lock is free, and by a thread while another process holds it, so the
+loop never waits for it. Each takes the write lock up front (BEGIN IMMEDIATE),
+so a condition is checked and its write made with no other writer in between,
+across processes too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +49,10 @@ from store.port import (
     WriteOp,
     op_key,
 )
+from store.sqlite_writer import Writer
+
+# How long a write waits for another process's write lock before failing.
+BUSY_TIMEOUT = 30.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS items (
@@ -104,43 +113,117 @@ def _check_keeps_key(update: Update) -> None:
         raise StoreError("an update cannot change an item's key")
 
 
+def _connect(path: str, timeout: float = BUSY_TIMEOUT) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=timeout)
+    # WAL appends without a sync per commit; its checkpoints sync.
+    db.execute("PRAGMA synchronous=NORMAL")
+    # A statement that writes many rows inside a transaction keeps a journal
+    # of its own (to undo itself alone): in memory, not a temporary file.
+    db.execute("PRAGMA temp_store=MEMORY")
+    db.execute("PRAGMA cache_size=-16000")
+    return db
+
+
+def _read(db: sqlite3.Connection, key: Key) -> Item | None:
+    row = db.execute("SELECT body FROM items WHERE pk = ? AND sk = ?", key).fetchone()
+    return None if row is None else orjson.loads(row[0])
+
+
+def _read_many(db: sqlite3.Connection, keys: Sequence[Key]) -> dict[Key, Item]:
+    found: dict[Key, Item] = {}
+    unique = list(dict.fromkeys(keys))
+    # SQLite caps bound parameters; 400 keys is 800, well under it.
+    for start in range(0, len(unique), 400):
+        chunk = unique[start : start + 400]
+        placeholders = ",".join("(?, ?)" for _ in chunk)
+        params = [part for key in chunk for part in key]
+        # A join from the wanted keys, so each is a search of the primary
+        # key: `(pk, sk) IN (VALUES ...)` scans the whole table instead.
+        rows = db.execute(
+            f"SELECT items.pk, items.sk, items.body FROM (VALUES {placeholders}) AS wanted"
+            " CROSS JOIN items ON items.pk = wanted.column1 AND items.sk = wanted.column2",
+            params,
+        ).fetchall()
+        for pk, sk, body in rows:
+            found[(pk, sk)] = orjson.loads(body)
+    return found
+
+
+# Rows per INSERT: 7 parameters each, well under SQLite's cap of 32,766.
+_ROWS_PER_INSERT = 500
+
+
+class _Changes:
+    """What one write makes, worked out in full before any of it is written:
+    a write that fails (its condition, an update that cannot apply, an item
+    that cannot be encoded) has written nothing, so writes sharing a
+    transaction need no savepoint each."""
+
+    __slots__ = ("deletes", "rows")
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, str | None, str | None, str | None, str | None, str]] = []
+        self.deletes: list[Key] = []
+
+    def write(self, item: Item) -> Item:
+        """The one place a row is made: what it stores is in the current
+        format (`store.formats`), and that is what it answers."""
+        _validate(item)
+        item = formats.stamped(item)
+        g1 = _index_values(item, "GSI1PK", "GSI1SK")
+        g2 = _index_values(item, "GSI2PK", "GSI2SK")
+        self.rows.append((item["PK"], item["SK"], *g1, *g2, orjson.dumps(item).decode()))
+        return item
+
+    def remove(self, key: Key) -> None:
+        self.deletes.append(key)
+
+
+def _apply(db: sqlite3.Connection, changes: _Changes) -> None:
+    """A write's rows in one statement (each statement is a hand-off of the
+    GIL, and a wait for it while the loop runs), then its deletes."""
+    rows = changes.rows
+    for start in range(0, len(rows), _ROWS_PER_INSERT):
+        chunk = rows[start : start + _ROWS_PER_INSERT]
+        db.execute(
+            "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, gsi2pk, gsi2sk, body) VALUES "
+            + ",".join("(?, ?, ?, ?, ?, ?, ?)" for _ in chunk),
+            [value for row in chunk for value in row],
+        )
+    if changes.deletes:
+        db.executemany("DELETE FROM items WHERE pk = ? AND sk = ?", changes.deletes)
+
+
+def _check(key: Key, current: Item | None, condition: Condition | None) -> None:
+    if condition is not None and not matches(condition, current):
+        raise ConditionFailed(key)
+
+
 class SqliteTable:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            # Two connections share the table (see the module's docstring):
+            # only a file is seen alike by both.
+            raise StoreError("the embedded store needs a file's path")
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.closing(_connect(self.path)) as setup:
+            setup.execute("PRAGMA journal_mode=WAL")
+            setup.executescript(_SCHEMA)
+        # The loop's connection, for reads and for the writes made on the loop:
+        # one page cache, kept warm (another connection's writes would empty
+        # it). It never waits for a lock: a WAL reader has none to wait for,
+        # and a write that finds the lock held goes to the writer's thread.
+        self._db = _connect(self.path, timeout=0)
+        self._writer = Writer(self._db, functools.partial(_connect, self.path), _apply)
 
     # Reads --------------------------------------------------------------------
 
-    def _read(self, key: Key) -> Item | None:
-        row = self._db.execute("SELECT body FROM items WHERE pk = ? AND sk = ?", key).fetchone()
-        return None if row is None else orjson.loads(row[0])
-
     async def get(self, key: Key) -> Item | None:
-        return self._read(key)
+        return _read(self._db, key)
 
     async def batch_get(self, keys: Sequence[Key]) -> dict[Key, Item]:
-        found: dict[Key, Item] = {}
-        unique = list(dict.fromkeys(keys))
-        # SQLite caps bound parameters; 400 keys is 800, well under it.
-        for start in range(0, len(unique), 400):
-            chunk = unique[start : start + 400]
-            placeholders = ",".join("(?, ?)" for _ in chunk)
-            params = [part for key in chunk for part in key]
-            # A join from the wanted keys, so each is a search of the primary
-            # key: `(pk, sk) IN (VALUES ...)` scans the whole table instead.
-            rows = self._db.execute(
-                f"SELECT items.pk, items.sk, items.body FROM (VALUES {placeholders}) AS wanted"
-                " CROSS JOIN items ON items.pk = wanted.column1 AND items.sk = wanted.column2",
-                params,
-            ).fetchall()
-            for pk, sk, body in rows:
-                found[(pk, sk)] = orjson.loads(body)
-        return found
+        return _read_many(self._db, keys)
 
     async def query(
         self,
@@ -202,77 +285,50 @@ class SqliteTable:
         return Page(items, next_cursor)
 
     # Writes -------------------------------------------------------------------
-
-    def _remove(self, key: Key) -> None:
-        self._db.execute("DELETE FROM items WHERE pk = ? AND sk = ?", key)
-
-    def _write(self, item: Item) -> Item:
-        """The one place a row is written: what it stores is in the current
-        format (`store.formats`), and that is what it answers."""
-        _validate(item)
-        item = formats.stamped(item)
-        g1 = _index_values(item, "GSI1PK", "GSI1SK")
-        g2 = _index_values(item, "GSI2PK", "GSI2SK")
-        self._db.execute(
-            "INSERT OR REPLACE INTO items (pk, sk, gsi1pk, gsi1sk, gsi2pk, gsi2sk, body) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (item["PK"], item["SK"], *g1, *g2, orjson.dumps(item).decode()),
-        )
-        return item
-
-    @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """One write transaction: rolled back on any error, so every failure
-        leaves nothing applied; SQLite failing to write (a full disk, an I/O
-        error, the file locked past the timeout) is StoreUnavailable."""
-        try:
-            self._db.execute("BEGIN IMMEDIATE")
-        except sqlite3.OperationalError as error:
-            raise StoreUnavailable(f"SQLite: {error}", outcome_known=True) from error
-        try:
-            yield
-            self._db.execute("COMMIT")
-        except BaseException as error:
-            if self._db.in_transaction:
-                with contextlib.suppress(sqlite3.Error):
-                    self._db.execute("ROLLBACK")
-            if isinstance(error, sqlite3.OperationalError):
-                raise StoreUnavailable(f"SQLite: {error}", outcome_known=True) from error
-            raise
-
-    def _check(self, key: Key, current: Item | None, condition: Condition | None) -> None:
-        if condition is not None and not matches(condition, current):
-            raise ConditionFailed(key)
+    # Each is a job of the writer's (`store.sqlite_writer`): it reads and checks
+    # its condition, works out its `_Changes`, and the writer writes them in the
+    # same transaction; its caller is answered once that commits.
 
     async def put(self, item: Item, condition: Condition | None = None) -> None:
         _validate(item)
         key = (item["PK"], item["SK"])
-        with self._transaction():
-            self._check(key, self._read(key), condition)
-            self._write(item)
+
+        def work(db: sqlite3.Connection) -> tuple[None, _Changes]:
+            _check(key, _read(db, key), condition)
+            changes = _Changes()
+            changes.write(item)
+            return None, changes
+
+        await self._writer.run(work)
 
     async def update(self, update: Update) -> Item:
         _check_keeps_key(update)
-        with self._transaction():
-            current = self._read(update.key)
-            self._check(update.key, current, update.condition)
-            return self._write(apply_update(current, update))
+
+        def work(db: sqlite3.Connection) -> tuple[Item, _Changes]:
+            current = _read(db, update.key)
+            _check(update.key, current, update.condition)
+            changes = _Changes()
+            return changes.write(apply_update(current, update)), changes
+
+        return await self._writer.run(work)
 
     async def delete(self, key: Key, condition: Condition | None = None) -> Item | None:
-        with self._transaction():
-            current = self._read(key)
-            self._check(key, current, condition)
-            self._remove(key)
-        return current
+        def work(db: sqlite3.Connection) -> tuple[Item | None, _Changes]:
+            current = _read(db, key)
+            _check(key, current, condition)
+            changes = _Changes()
+            changes.remove(key)
+            return current, changes
+
+        return await self._writer.run(work)
 
     async def batch_write(self, puts: Sequence[Item] = (), deletes: Sequence[Key] = ()) -> None:
+        changes = _Changes()
         for item in puts:
-            _validate(item)
-        with self._transaction():
-            for item in puts:
-                self._write(item)
-            for key in deletes:
-                self._remove(key)
+            changes.write(item)
+        for key in deletes:
+            changes.remove(key)
+        await self._writer.run(lambda db: (None, changes))
 
     async def transact(self, ops: Sequence[WriteOp]) -> None:
         if not ops:
@@ -285,8 +341,10 @@ class SqliteTable:
         op_keys = [op_key(op) for op in ops]
         if len(set(op_keys)) != len(op_keys):
             raise StoreError("a transaction may touch each item only once")
-        with self._transaction():
-            currents = [self._read(key) for key in op_keys]
+
+        def work(db: sqlite3.Connection) -> tuple[None, _Changes]:
+            found = _read_many(db, op_keys)
+            currents = [found.get(key) for key in op_keys]
             failed = [
                 Cancellation(i, key, "ConditionalCheckFailed")
                 for i, (op, key, current) in enumerate(zip(ops, op_keys, currents, strict=True))
@@ -294,15 +352,19 @@ class SqliteTable:
             ]
             if failed:
                 raise TransactionCancelled(failed)
+            changes = _Changes()
             for op, key, current in zip(ops, op_keys, currents, strict=True):
                 if isinstance(op, Put):
-                    self._write(op.item)
+                    changes.write(op.item)
                 elif isinstance(op, Update):
-                    self._write(apply_update(current, op))
+                    changes.write(apply_update(current, op))
                 elif isinstance(op, Delete):
-                    self._remove(key)
+                    changes.remove(key)
                 elif not isinstance(op, Check):
                     raise TypeError(f"unknown write {op!r}")
+            return None, changes
+
+        await self._writer.run(work)
 
     # Expiry -------------------------------------------------------------------
 
@@ -311,23 +373,29 @@ class SqliteTable:
         the epoch) has passed are deleted, `batch` at a time; answers how many."""
         moment = time.time() if now is None else now
         total = 0
-        while True:
-            deleted = self._db.execute(
-                "DELETE FROM items WHERE (pk, sk) IN (SELECT pk, sk FROM items "
-                f"WHERE json_extract(body, '$.{TTL_ATTRIBUTE}') < ? LIMIT ?)",
+
+        def work(db: sqlite3.Connection) -> tuple[int, _Changes]:
+            expired = db.execute(
+                f"SELECT pk, sk FROM items WHERE json_extract(body, '$.{TTL_ATTRIBUTE}') < ? LIMIT ?",
                 (moment, batch),
-            ).rowcount
+            ).fetchall()
+            changes = _Changes()
+            changes.deletes = expired
+            return len(expired), changes
+
+        while True:
+            deleted = await self._writer.run(work)
             total += deleted
             if deleted < batch:
                 return total
-            await asyncio.sleep(0)  # a long sweep lets requests in between batches
+            await asyncio.sleep(0)  # a long sweep lets other writes in between batches
 
     async def sweep_every(self, seconds: float) -> None:
         """`sweep_expired` now and every `seconds`, until cancelled."""
         while True:
             try:
                 await self.sweep_expired()
-            except sqlite3.Error:
+            except (sqlite3.Error, StoreUnavailable):
                 logging.getLogger("mifamilias.store").exception("could not sweep expired items")
             await asyncio.sleep(seconds)
 
@@ -335,7 +403,10 @@ class SqliteTable:
         self._db.execute("SELECT 1").fetchone()
 
     async def close(self) -> None:
-        self._db.close()
+        # The writer closes the loop's connection, then its thread's: the last
+        # connection to close checkpoints the WAL into the file, a sync that
+        # belongs off the loop.
+        await self._writer.close()
 
 
 def _index_pk_name(index: Index) -> str:
