@@ -242,9 +242,11 @@ async def in_process_app(
 ) -> AsyncIterator[InProcessApi]:
     from app import create_app
     from resolvers.core.context import utc_now
+    from tests.servers import after_the_start_up_pass
 
     app = create_app(settings, clock=clock or utc_now, wrap_table=wrap_table)
     async with app.router.lifespan_context(app):
+        await after_the_start_up_pass(app)  # so a bench's own pass and counts are its own
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
             yield InProcessApi(app, client)

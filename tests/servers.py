@@ -405,3 +405,11 @@ def without_cost(value: Any) -> Any:
         else:
             del found["extensions"]
     return found
+
+
+async def after_the_start_up_pass(app: Any) -> None:
+    """Until an in-process app's unlock scheduler has made the pass it makes as
+    it starts: a test that counts store calls, breaks the table or opens a
+    capsule itself must not meet that pass halfway."""
+    scheduler = app.state.services.scheduler
+    await until(lambda: scheduler.passes > 0, "the unlock scheduler's start-up pass", interval=0.01)

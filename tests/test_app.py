@@ -26,7 +26,7 @@ from resolvers.core.logs import RequestFields
 from store import keys
 from store.port import Key, SortKey, Table
 from store.sqlite import SqliteTable
-from tests.servers import ROOT, SECRET, free_port, until, without_cost
+from tests.servers import ROOT, SECRET, after_the_start_up_pass, free_port, until, without_cost
 
 
 class FailingTable:
@@ -65,6 +65,7 @@ async def client(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Faili
     table = FailingTable(SqliteTable(tmp_path / "t.sqlite3"))
     app = create_app(Settings(data_dir=tmp_path, auth_secret=SECRET), table=table)
     async with app.router.lifespan_context(app):
+        await after_the_start_up_pass(app)  # before a test breaks the table
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
             http.headers["Authorization"] = f"Bearer {mint_token(SECRET, 'ana')}"
             yield http, table

@@ -34,7 +34,7 @@ MEASURES: dict[int, tuple[str, ...]] = {
     ),
     8: ("  capsules opened exactly once (counters sum to the capsules, every round, 1 and N processes)",),
     9: ("warm / fresh",),
-    10: ("ours / floor, 4 workers",),
+    10: ("push: ours / transport alone", "store calls per push (the opening's own included)"),
 }
 MEASURES_STARTING: dict[int, tuple[str, ...]] = {
     3: tuple(

@@ -163,6 +163,9 @@ class UnlockScheduler:
         # Capsules this process won and has not finished yet.
         self._mine: set[str] = set()
         self._next_due: str | None = None
+        # Passes completed here: how a caller sees the start-up pass behind it
+        # (its reads and opening done) before it counts or opens on its own.
+        self.passes = 0
         self._lag_reported = -LAG_REPORT_SECONDS  # the first pass reports
         # A dead process's shards are taken over when its capsules would be:
         # after the time an UNLOCKING capsule is left before it counts as abandoned.
@@ -191,6 +194,7 @@ class UnlockScheduler:
                 start = day + timedelta(days=1)
             day += timedelta(days=1)
         self._next_due = result.next_due
+        self.passes += 1
         lag = 0.0
         if result.oldest_pending is not None:
             lag = (now - parse_iso(result.oldest_pending)).total_seconds()

@@ -18,7 +18,7 @@ from resolvers.core.turns import TURNS
 from store.port import Table
 from tests.clock import FakeClock
 from tests.counting import CountingTable, is_budget
-from tests.servers import SECRET, without_cost
+from tests.servers import SECRET, after_the_start_up_pass, without_cost
 from tests.typical_calls import PUSH_ORIGIN
 
 
@@ -184,6 +184,7 @@ async def running_api(
         counting = CountingTable(table)
         app = create_app(settings, table=counting, clock=clock, tracer_provider=tracer_provider)
         async with app.router.lifespan_context(app):
+            await after_the_start_up_pass(app)
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
                 yield Api(app, client, counting, clock)
