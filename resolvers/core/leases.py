@@ -125,17 +125,21 @@ class Lease:
         # One condition alone is not wrapped: DynamoDB refuses redundant parentheses.
         condition = parts[0] if len(parts) == 1 else all_of(*parts)
         try:
-            return await table.update(
-                Update(
-                    key,
-                    set={**(changes or {}), **self.stamp(now)},
-                    remove=PREVIOUS_NAMES,
-                    add={ATTEMPTS: 1} if count else {},
-                    condition=condition,
-                )
-            )
+            return await table.update(self._taking(key, now, condition, count, changes))
         except ConditionFailed:
             return None  # done, gone, or held by another
+
+    def _taking(
+        self, key: Key, now: datetime, condition: Condition, count: bool, changes: Mapping[str, Any] | None
+    ) -> Update:
+        """The write that takes `key` for this holder when `condition` holds."""
+        return Update(
+            key,
+            set={**(changes or {}), **self.stamp(now)},
+            remove=PREVIOUS_NAMES,
+            add={ATTEMPTS: 1} if count else {},
+            condition=condition,
+        )
 
     async def claim_many(
         self,
@@ -160,17 +164,7 @@ class Lease:
             return {wanted[0]: one} if one is not None else {}
         condition = all_of(Exists(), free(now), *([when] if when is not None else []))
         refused = await update_each(
-            table,
-            [
-                Update(
-                    key,
-                    set={**(changes or {}), **self.stamp(now)},
-                    remove=PREVIOUS_NAMES,
-                    add={ATTEMPTS: 1} if count else {},
-                    condition=condition,
-                )
-                for key in wanted
-            ],
+            table, [self._taking(key, now, condition, count, changes) for key in wanted]
         )
         taken = [key for key in wanted if key not in refused]
         if not taken:
