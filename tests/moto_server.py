@@ -170,14 +170,6 @@ def items_answered_as_json() -> None:
     DynamoResult.execute_result = execute_result  # type: ignore[method-assign]
 
 
-class KeptAliveRequestHandler(MotoRequestHandler):
-    """HTTP/1.1, so a client's connection serves many requests: werkzeug's default,
-    HTTP/1.0, made every store call a new TCP connection (and a new thread here),
-    a tenth of a server process's time on a busy test."""
-
-    protocol_version = "HTTP/1.1"
-
-
 def main() -> None:
     host, port = sys.argv[1], int(sys.argv[2])
     os.environ.setdefault("MOTO_PORT", str(port))
@@ -185,7 +177,7 @@ def main() -> None:
     query_without_sorting_the_table()
     items_answered_as_json()
     app = DomainDispatcherApplication(create_backend_app)
-    run_simple(host, port, serialized(app), threaded=True, request_handler=KeptAliveRequestHandler)
+    run_simple(host, port, serialized(app), threaded=True, request_handler=MotoRequestHandler)
 
 
 if __name__ == "__main__":
