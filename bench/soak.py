@@ -155,6 +155,9 @@ class Ledger:
     )  # scheduled -> creator, recipients
     # Per person: the notification ids each stream received, in order.
     streams: dict[tuple[str, str], list[str]] = field(default_factory=lambda: defaultdict(list))
+    # Beside each of those ids, the connection (0, 1, ... a reconnect each) that carried it: a repeat
+    # on one connection breaks "once within a subscription", one across a reconnect only "once".
+    carried: dict[tuple[str, str], list[int]] = field(default_factory=lambda: defaultdict(list))
     reconnects: int = 0
     # Per watched content: the statuses its stream reported.
     watched: dict[str, list[str]] = field(default_factory=dict)
@@ -406,6 +409,7 @@ class Soak:
         """A person's stream, resumed after its last event on every reconnect."""
         name = person.subscription
         received = self.ledger.streams[(person.user_id, name)]
+        carried = self.ledger.carried[(person.user_id, name)]
         attempt = 0
         while True:
             try:
@@ -416,6 +420,7 @@ class Soak:
                     ready.set()
                     async for data in self.messages(ws):
                         received.append(str(data[name]["id"]))
+                        carried.append(attempt)
             except (TimeoutError, OSError, websockets.WebSocketException) as error:
                 self.ledger.errors[f"subscription transport: {type(error).__name__}"] += 1
             self.ledger.reconnects += 1
@@ -764,10 +769,18 @@ async def check(runner: Soak, people: list[Person], baseline: dict[str, set[str]
     for person in streaming:
         got = Counter(stored_id(i) for i in ledger.streams[(person.user_id, person.subscription)])
         outcome.counted["stream events received"] += sum(got.values())
+        key = (person.user_id, person.subscription)
         for note_id, times in got.items():
             if times > 1:
+                connections = [
+                    connection
+                    for event_id, connection in zip(ledger.streams[key], ledger.carried[key], strict=True)
+                    if stored_id(event_id) == note_id
+                ]
+                where = "within one connection" if len(set(connections)) == 1 else "across a reconnect"
                 outcome.doubled.append(
-                    f"{person.subscription} of {person.user_id} sent {note_id} {times} times"
+                    f"{person.subscription} of {person.user_id} sent {note_id} {times} times, "
+                    f"on connections {', '.join(map(str, connections))} ({where})"
                 )
         for note_id in sorted(missing(person)):
             how = ""
