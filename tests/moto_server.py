@@ -143,7 +143,7 @@ def _plain(value: Any) -> Any:
 
 def items_answered_as_json() -> None:
     """moto writes every answer by walking botocore's model of it, member by
-    member, looking up each name under several spellings: over a third of its
+    member, looking up each name under several spellings: over a quarter of its
     time in a test that reads many items. An item operation's answer is a plain
     mapping of DynamoDB JSON already, so it is written as JSON (binary values
     in base64, as the wire has them; members its model does not name left out, as
