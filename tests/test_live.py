@@ -366,7 +366,11 @@ async def test_notifications_arrive_live_and_stop_for_a_removed_member(live_serv
 
             marker = asyncio.create_task(mark_ready())
             async for event in session.subscribe(request):
-                got[person].append(event["notificationAdded"])
+                note = event["notificationAdded"]
+                # "cero" was uploaded before the streams started; its news is published when its
+                # processing ends, which may come before they listen or after: either is right.
+                if (note.get("content") or {}).get("title") != "cero":
+                    got[person].append(note)
             await marker
 
     async def statuses(content_id: str) -> None:
