@@ -767,9 +767,9 @@ async def check(runner: Soak, people: list[Person], baseline: dict[str, set[str]
 
     await waited(lambda: not any(missing(p) for p in streaming), 30)  # the last events on their way
     for person in streaming:
-        got = Counter(stored_id(i) for i in ledger.streams[(person.user_id, person.subscription)])
-        outcome.counted["stream events received"] += sum(got.values())
         key = (person.user_id, person.subscription)
+        got = Counter(stored_id(i) for i in ledger.streams[key])
+        outcome.counted["stream events received"] += sum(got.values())
         for note_id, times in got.items():
             if times > 1:
                 connections = [
