@@ -151,7 +151,7 @@ async def floor(origin: str, concurrency: int, devices: int) -> float:
 
         async def worker() -> None:
             for n in names:
-                await pool.post(f"{origin}/push/floor{n}", content=body, headers={"TTL": "60"}, extensions={})
+                await pool.post(f"{origin}/push/floor{n}", content=body, headers={"TTL": "60"})
 
         started = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))

@@ -1,5 +1,5 @@
 """Web Push (RFC 8030) to browsers: VAPID (RFC 8292) and aes128gcm payload
-encryption (RFC 8291) by pywebpush and py-vapid, sent with httpx.
+encryption (RFC 8291) by pywebpush and py-vapid, sent with aiohttp.
 
 Nothing here is our own cryptography: pywebpush encrypts (through http_ece),
 py-vapid signs. What is ours is where a request may go. A push endpoint is a
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import aiohttp
 import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -53,8 +54,9 @@ VAPID_RENEW = 3600
 # pool: more than a person's devices (20), so one person's slow pushes never
 # hold all of a push service's connections.
 PER_ORIGIN = 32
-# Connections in one httpx client of a pool (`Pool`).
-CONNECTIONS_PER_CLIENT = 8
+# The most of a push service's answer that is read: its status and headers say
+# what became of the push.
+MAX_ANSWER = 64 * 1024
 # Push services with a pool of their own; the rest share one.
 MAX_POOLS = 64
 OTHER_ORIGINS = "other"
@@ -270,48 +272,59 @@ def tls_context() -> ssl.SSLContext:
 
 
 class Pool:
-    """The connections to one push service, which every push to it shares:
-    keep-alive connections in a few httpx clients of at most
-    `CONNECTIONS_PER_CLIENT` each (httpcore looks over every connection of a
-    client for each request it starts and ends, so one client of many
-    connections costs more CPU per push than the push itself), and at most
-    `size` sends at once. A send waits for a slot here, not in httpx's pool,
-    so the wait does not count against the request's timeout."""
+    """The connections to one push service, which every push to it shares: at
+    most `size` sends at once, each on a keep-alive connection of one aiohttp
+    session (a push costs a sixth of httpx's CPU there, and the sends are most
+    of a push). A send waits for a slot here, not in the session's connector,
+    so the wait does not count against the request's timeout. Connections are
+    kept per address and TLS name, so a send pinned to a checked address never
+    reuses a connection verified for another host."""
 
     def __init__(self, size: int, timeout: float, tls: ssl.SSLContext | None = None) -> None:
-        counts = [CONNECTIONS_PER_CLIENT] * (size // CONNECTIONS_PER_CLIENT)
-        if size % CONNECTIONS_PER_CLIENT:
-            counts.append(size % CONNECTIONS_PER_CLIENT)
-        self.clients = [
-            httpx.AsyncClient(
-                timeout=timeout,
-                verify=tls if tls is not None else True,
-                limits=httpx.Limits(max_connections=count, max_keepalive_connections=count),
-                follow_redirects=False,
-                http2=False,
-            )
-            for count in counts
-        ]
-        self._free = list(counts)
+        self.size = size
+        self.timeout = timeout
+        self.tls = tls
         self.slots = asyncio.Semaphore(size)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        # Made on the first send, inside the running loop, as aiohttp asks.
+        if self._session is None:
+            connector = aiohttp.TCPConnector(
+                limit=self.size, limit_per_host=self.size, ssl=self.tls if self.tls is not None else True
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+            )
+        return self._session
 
     async def post(
-        self, url: str, *, content: bytes, headers: Mapping[str, str], extensions: Mapping[str, object]
-    ) -> httpx.Response:
+        self, url: str, *, content: bytes, headers: Mapping[str, str], server_hostname: str | None = None
+    ) -> Outcome:
+        """One POST; a network failure or a timeout is status 0. Of the answer
+        only its status and Retry-After matter: a body past `MAX_ANSWER` is
+        not read, and its connection is closed rather than kept."""
         async with self.slots:
-            # The client with the most connections free: one is, since the
-            # slots are as many as the clients' connections.
-            n = max(range(len(self.clients)), key=self._free.__getitem__)
-            self._free[n] -= 1
             try:
-                return await self.clients[n].post(
-                    url, content=content, headers=headers, extensions=extensions
-                )
-            finally:
-                self._free[n] += 1
+                async with self._open().post(
+                    url,
+                    data=content,
+                    headers=headers,
+                    allow_redirects=False,
+                    server_hostname=server_hostname,
+                ) as response:
+                    await response.content.read(MAX_ANSWER)
+                    return Outcome(response.status, response.headers.get("Retry-After"))
+            except (aiohttp.ClientError, TimeoutError):
+                return Outcome(0)
 
     async def close(self) -> None:
-        await asyncio.gather(*(client.aclose() for client in self.clients))
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 class WebPushSender:
@@ -384,15 +397,11 @@ class WebPushSender:
         }
         if message.topic:
             headers["Topic"] = message.topic
-        url, extensions = _pinned(subscription.endpoint, address)
+        url, server_hostname = _pinned(subscription.endpoint, address)
         if address is not None:
             headers["Host"] = urlsplit(subscription.endpoint).netloc
         pool = self.pool(origin_of(subscription.endpoint))
-        try:
-            response = await pool.post(url, content=body, headers=headers, extensions=extensions)
-        except httpx.HTTPError:
-            return Outcome(0)
-        return Outcome(response.status_code, response.headers.get("Retry-After"))
+        return await pool.post(url, content=body, headers=headers, server_hostname=server_hostname)
 
     def _prepare(self, subscription: Subscription, message: Message) -> tuple[bytes, str]:
         return self._encrypt(subscription, message), self.authorization(origin_of(subscription.endpoint))
@@ -402,12 +411,12 @@ class WebPushSender:
         await asyncio.gather(*(pool.close() for pool in pools))
 
 
-def _pinned(endpoint: str, address: str | None) -> tuple[str, Mapping[str, object]]:
+def _pinned(endpoint: str, address: str | None) -> tuple[str, str | None]:
     """The URL with its host replaced by the checked address, and the TLS name
     to verify the certificate against (the host's own)."""
     if address is None:
-        return endpoint, {}
+        return endpoint, None
     parts = urlsplit(endpoint)
     literal = f"[{address}]" if ":" in address else address
     netloc = f"{literal}:{parts.port}" if parts.port else literal
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")), {"sni_hostname": parts.hostname}
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, "")), parts.hostname
