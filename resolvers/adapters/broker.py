@@ -25,7 +25,12 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 QUEUE_LIMIT = 1000
-DELIVERY_SLICE = 64  # subscribers woken per turn of the event loop
+# Subscribers woken per turn of the event loop. Each woken stream runs its
+# read rule, its budget charge and its frame's write in the turns that follow,
+# so a slice is what a request arriving meanwhile waits behind: with 64, a
+# /healthz answer took up to 137-172 ms during a 10,000-subscriber fan-out on a
+# slow machine; with 16, 31-35 ms, and the last delivery came no later.
+DELIVERY_SLICE = 16
 
 
 def user_channel(user_id: str, topic: str) -> str:
