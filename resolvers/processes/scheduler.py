@@ -84,15 +84,24 @@ T = TypeVar("T")
 
 CONCURRENCY = 8
 FIRST_LOOKBACK_DAYS = 1
-# LOCKED capsules a process wins at a time before finishing them: small, so that
-# processes that woke together interleave their batches and share the work.
+# LOCKED capsules a process wins at a time before finishing them: 8 while few
+# are due, so that a pass's first openings come soon and processes reading one
+# shard (a lease changing hands) interleave their batches; more in a burst, up
+# to 64, whose wins, transactions and outbox clearings then share commits on
+# the embedded store, and whose reads share batch gets.
 CLAIM_BATCH = 8
+MAX_CLAIM_BATCH = 64
 # Items per write transaction (DynamoDB's limit is 100).
 TRANSACTION_ITEMS = 100
 # An outbox item this old has lost its publisher (a crash): any pass publishes it.
 OUTBOX_GRACE = timedelta(seconds=5)
 # How often a process logs its lag (`schedulerLagSeconds`), for the alarm.
 LAG_REPORT_SECONDS = 60.0
+
+
+def claim_batch(due: int) -> int:
+    """How many LOCKED capsules a pass wins at a time, `due` being due in it."""
+    return max(CLAIM_BATCH, min(MAX_CLAIM_BATCH, due // CLAIM_BATCH))
 
 
 @dataclass
@@ -285,7 +294,8 @@ class UnlockScheduler:
         locked = [c for c in due if c.status == CapsuleStatus.LOCKED]
         random.shuffle(locked)  # processes racing for a burst meet less often
         opened: set[str] = set()
-        batches = [unlocking] + [locked[n : n + CLAIM_BATCH] for n in range(0, len(locked), CLAIM_BATCH)]
+        size = claim_batch(len(locked))
+        batches = [unlocking] + [locked[n : n + size] for n in range(0, len(locked), size)]
         for n, batch in enumerate(batches):
             if n > 0:
                 won = await self._each(batch, lambda capsule: self._win(capsule, now_iso), result)
@@ -315,7 +325,9 @@ class UnlockScheduler:
     async def _each(
         self, capsules: list[Capsule], step: Callable[[Capsule], Awaitable[T]], result: PassResult
     ) -> list[T | None]:
-        limit = asyncio.Semaphore(CONCURRENCY)
+        # A whole batch at once (its steps commit together on the embedded
+        # store), at least CONCURRENCY and at most a batch's largest.
+        limit = asyncio.Semaphore(min(max(CONCURRENCY, len(capsules)), MAX_CLAIM_BATCH))
 
         async def one(capsule: Capsule) -> T | None:
             async with limit:

@@ -7,6 +7,8 @@ from collections import Counter
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from resolvers.domain import notifications
 from resolvers.processes.scheduler import CLAIM_BATCH, UnlockScheduler
 from store import keys
@@ -290,31 +292,40 @@ async def counted_scheduler(api: Api) -> tuple[UnlockScheduler, CountingTable]:
     return scheduler, counting
 
 
-async def test_capsules_for_a_few_people_open_in_one_transaction_each(api: Api) -> None:
+# A few due at once, in batches of CLAIM_BATCH; and a burst of 128, won 16 at a
+# time (a batch grows with the burst), whose reads and outbox clearings its
+# batches share.
+BURSTS = [(2 * CLAIM_BATCH, 2), (128, 8)]
+
+
+@pytest.mark.parametrize(("burst", "batches"), BURSTS)
+async def test_capsules_for_a_few_people_open_in_one_transaction_each(
+    api: Api, burst: int, batches: int
+) -> None:
     people = ["ben", "cy", "dee"]
     await api.table.batch_write(family_rows("fewfamily", "ana", people))
     scheduler, counting = await counted_scheduler(api)
     due = api.clock.moment + timedelta(days=1)
     rows: list[dict[str, Any]] = []
-    for n in range(2 * CLAIM_BATCH):
+    for n in range(burst):
         chosen = (people[n % 3], people[(n + 1) % 3])
-        _, more = capsule_rows("fewfamily", "ana", chosen, due, scheduler.shards, tag=f"{n:02d}")
+        _, more = capsule_rows("fewfamily", "ana", chosen, due, scheduler.shards, tag=f"{n:03d}")
         rows += more
     await api.table.batch_write(rows)
     api.clock.advance(days=1, seconds=1)
     result = await scheduler.run_once()
-    assert result.unlocked == 2 * CLAIM_BATCH and result.failed == 0
+    assert result.unlocked == burst and result.failed == 0
     # Each capsule: its win and one transaction (notes, counts, stamps, the
     # opening and its outbox item); each batch: one batch get for its reads and
     # one batch write for its outbox items once published.
     calls = counting.calls
     # (and its first pass's claim of every shard's lease: it runs alone)
-    assert calls["update"] - scheduler.shards == calls["transact"] == 2 * CLAIM_BATCH, counting.rounds()
-    assert calls["batch_get"] == calls["batch_write"] == 2 and calls["delete"] == 0, counting.rounds()
+    assert calls["update"] - scheduler.shards == calls["transact"] == burst, counting.rounds()
+    assert calls["batch_get"] == calls["batch_write"] == batches and calls["delete"] == 0, counting.rounds()
     notes = await unlocked_notes(api)
-    assert len(notes) == 3 * 2 * CLAIM_BATCH and set(notes.values()) == {1}
+    assert len(notes) == 3 * burst and set(notes.values()) == {1}
     unread = await api.ok("{ notifications { unreadCount } }", as_="ana")
-    assert unread["notifications"]["unreadCount"] == 2 * CLAIM_BATCH
+    assert unread["notifications"]["unreadCount"] == burst
     assert not [key for key in await dump(api.table) if key[0].startswith("OUTBOX#")]
     assert (await scheduler.run_once()).unlocked == 0
 
