@@ -333,10 +333,13 @@ class Soak:
         if not created.data:
             return
         capsule_id = str(created.data["createCapsule"]["id"])
-        if await self.upload(person, "TEXT", b"para ti", "text/plain", capsule_id) is None:
-            return
+        # Scheduled first: content goes only into a SCHEDULED capsule.
         scheduled = await self.call(person, "scheduleCapsule", SCHEDULE, {"id": capsule_id}, mutation=True)
-        if scheduled.data:
+        if not scheduled.data:
+            return
+        # Without its content by its date a capsule never opens: only one with
+        # its content is expected to.
+        if await self.upload(person, "TEXT", b"para ti", "text/plain", capsule_id) is not None:
             self.ledger.capsules[capsule_id] = (person.user_id, recipients)
 
     async def client(self, person: Person, seed: int, ends: float) -> None:
