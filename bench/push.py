@@ -9,9 +9,9 @@ push, encrypted (aes128gcm) and signed (VAPID). Measured: the time from the
 start of the unlock pass to the last push accepted, pushes per second from the
 first accepted to the last, and the store calls of the round (CountingTable)
 per push. The baseline of the same run: the same number of POSTs of a payload
-of the same size, unencrypted, by one httpx client on one pool at the
-concurrency our sends to one push service have (what the transport alone
-allows)."""
+of the same size, unencrypted, through the pool our sends use (`webpush.Pool`,
+aiohttp since 2026-12-04, httpx before) at the concurrency our sends to one
+push service have (what the transport alone allows)."""
 
 from __future__ import annotations
 
