@@ -149,7 +149,8 @@ class Ledger:
     retries: int = 0
     gave_up: int = 0
     comments: list[SentComment] = field(default_factory=list)
-    contents: dict[str, str] = field(default_factory=dict)  # completed content -> family
+    # Completed content -> who uploaded it (a capsule's content is theirs alone to read until it opens).
+    contents: dict[str, str] = field(default_factory=dict)
     capsules: dict[str, tuple[str, list[str]]] = field(
         default_factory=dict
     )  # scheduled -> creator, recipients
@@ -310,7 +311,7 @@ class Soak:
         done = await self.call(person, "completeUpload", COMPLETE, {"id": content_id}, mutation=True)
         if not done.data:
             return None
-        self.ledger.contents[content_id] = person.family_id
+        self.ledger.contents[content_id] = person.user_id
         if person.subscription == "status":
             self.watchers.add(asyncio.create_task(self.watch(person, content_id)))
         if capsule_id is None:
@@ -663,13 +664,12 @@ async def settle(runner: Soak, people: list[Person], outcome: Outcome) -> None:
     """Until every completed content is READY (or FAILED) and every scheduled
     capsule is open, and the streams have what the table holds; bounded."""
     url = runner.urls[0]
-    by_family = {p.family_id: p for p in people}
     creators = {p.user_id: p for p in people}
     deadline = time.monotonic() + SETTLE_SECONDS
     pending = dict(runner.ledger.contents)
     while pending and time.monotonic() < deadline:
-        for content_id, family_id in list(pending.items()):
-            found = await gql(runner.http, url, by_family[family_id].family[0], STATUS, {"id": content_id})
+        for content_id, uploader in list(pending.items()):
+            found = await gql(runner.http, url, uploader, STATUS, {"id": content_id})
             if found["content"] is None or found["content"]["status"] in ("READY", "DELIVERED", "FAILED"):
                 del pending[content_id]
         await asyncio.sleep(0.5)
@@ -803,9 +803,9 @@ async def check(runner: Soak, people: list[Person], baseline: dict[str, set[str]
     # Status streams end where the content is.
     for content_id, seen in ledger.watched.items():
         outcome.counted["status streams watched"] += 1
-        family = runner.ledger.contents.get(content_id)
-        viewer = next(p.user_id for p in people if p.family_id == family)
-        now = (await gql(runner.http, url, viewer, STATUS, {"id": content_id}))["content"]
+        now = (await gql(runner.http, url, ledger.contents[content_id], STATUS, {"id": content_id}))[
+            "content"
+        ]
         if now is None:
             continue
         if not seen or (
