@@ -803,9 +803,8 @@ async def check(runner: Soak, people: list[Person], baseline: dict[str, set[str]
     # Status streams end where the content is.
     for content_id, seen in ledger.watched.items():
         outcome.counted["status streams watched"] += 1
-        now = (await gql(runner.http, url, ledger.contents[content_id], STATUS, {"id": content_id}))[
-            "content"
-        ]
+        uploader = ledger.contents[content_id]
+        now = (await gql(runner.http, url, uploader, STATUS, {"id": content_id}))["content"]
         if now is None:
             continue
         if not seen or (

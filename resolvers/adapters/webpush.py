@@ -274,8 +274,8 @@ def tls_context() -> ssl.SSLContext:
 class Pool:
     """The connections to one push service, which every push to it shares: at
     most `size` sends at once, each on a keep-alive connection of one aiohttp
-    session (a push costs a sixth of httpx's CPU there, and the sends are most
-    of a push). A send waits for a slot here, not in the session's connector,
+    session (a POST costs a sixth of httpx's CPU there, and the POSTs were most
+    of a push's CPU). A send waits for a slot here, not in the session's connector,
     so the wait does not count against the request's timeout. Connections are
     kept per address and TLS name, so a send pinned to a checked address never
     reuses a connection verified for another host."""
