@@ -301,6 +301,10 @@ class Content(Record):
     transcription_failure: str | None = None
     failure_reason: str | None = None
     ready_at: str | None = None
+    # When the family's notes of its first READY are dated, kept before the
+    # first of them is written if they take more than one transaction: a
+    # resumed walk writes the rest under the same keys.
+    notes_at: str | None = None
     # When a photo was taken, from its EXIF: ISO 8601 with the camera's own UTC offset,
     # or with none when the camera recorded none. Not a key, so not normalised to UTC.
     captured_at: str | None = None

@@ -328,24 +328,61 @@ async def family_members(table: Table, family_id: str) -> list[Membership]:
     return [Membership.from_item(item) for item in page.items]
 
 
-async def content_ready(table: Table, broker: EventBus | None, content: Content, at: str) -> None:
-    """NEW_CONTENT to the family's other members (capsule content is announced
-    when its capsule opens, by the scheduler)."""
-    if not content.in_feed:
-        return
+async def content_ready(table: Table, broker: EventBus | None, content: Content, ready: Update) -> None:
+    """Commits `ready` (the content's move to READY, conditional on the status
+    it was read in) with NEW_CONTENT to the family's other members, then
+    announces them. The notes that fit go in the move's own transaction, a
+    large family's first ones in transactions before it: a crash anywhere
+    leaves the content either short of READY, its walk resumed by the
+    pipeline's recovery to write what is missing, or READY with every note.
+    Capsule content is announced when its capsule opens, by the scheduler.
+
+    Runs to its end once started (`to_the_end`), as `write` does: a move that
+    commits is announced."""
+    at = content.notes_at or str(ready.set["readyAt"])
+    members = await family_members(table, content.family_id) if content.in_feed else []
     notes = [
         Notification(
             user_id=m.user_id,
             id=notification_id(NotificationType.NEW_CONTENT, content.id, m.user_id),
             type=NotificationType.NEW_CONTENT,
-            created_at=content.ready_at or at,
+            created_at=at,
             family_id=content.family_id,
             content_id=content.id,
         )
-        for m in await family_members(table, content.family_id)
+        for m in members
         if m.role in (Role.ADMIN, Role.MEMBER) and m.user_id != content.author_id
     ]
-    await write(table, broker, notes)
+    if not notes:
+        await table.update(ready)
+        return
+    beside_the_move = len(notes) % (WRITTEN_PER_TRANSACTION - 1) or WRITTEN_PER_TRANSACTION - 1
+    first, last = notes[:-beside_the_move], notes[-beside_the_move:]
+    if first and content.notes_at is None:
+        # Dated once, before the first of them: a resumed walk finds them under their keys.
+        await table.update(Update(content.key, set={"notesAt": at}, condition=eq("status", content.status)))
+    await to_the_end(_ready_with(table, broker, first, last, ready, first_time=content.ready_at is None))
+
+
+async def _ready_with(
+    table: Table,
+    broker: EventBus | None,
+    first: list[Notification],
+    last: list[Notification],
+    ready: Update,
+    *,
+    first_time: bool,
+) -> None:
+    notes = [*first, *last]
+    written = await _write(table, broker, first, None, (), announce=False) if first else []
+    written += await _write(table, broker, last, None, [ready], announce=False)
+    if first_time:
+        # Notes that a crashed walk stored before the move belong to this move
+        # too, and nobody announced them.
+        fresh = {note.id for note in written}
+        written += [note for note in notes if note.id not in fresh]
+    # (Back at READY after a retried transcription, the notes are old news.)
+    await _announce(broker, written)
 
 
 def comment_notes(content: Content, comment_id: str, created_at: str, to_author: bool) -> list[Notification]:

@@ -46,6 +46,7 @@ from resolvers.processes.leased import Claim, LeasedJob, LeaseSpec, cancelling
 from store import keys
 from store.blobs import ABANDONED_UPLOAD_DAYS, BlobStore
 from store.enums import ContentStatus, ContentType
+from store.expressions import apply_update
 from store.items import IN_PIPELINE, Content, iso
 from store.port import (
     ConditionFailed,
@@ -228,11 +229,17 @@ class Pipeline(LeasedJob):
 
     async def _ready(self, content: Content, **changes: Any) -> None:
         ready_at = iso(self.clock())
-        content = await self._move(content, ContentStatus.READY, readyAt=ready_at, **changes)
+        move = content.transition(
+            ContentStatus.READY, ready_at, readyAt=ready_at, **changes, **leases.CLEARED
+        )
+        # The move and the family's notes commit together (a crash cannot leave
+        # READY content that nobody was told of, since nothing resumes READY content).
+        await notifications.content_ready(self.table, self.broker, content, move)
+        ready = Content.from_item(apply_update(content.to_item(), move))
+        await publish_status(self.broker, ready, was=content.status)
         # A crash between the move and the index leaves the content unfound by its words
         # until it is indexed again (a retried transcription); it is still READY and shown.
-        await search.index_content(self.table, content)
-        await notifications.content_ready(self.table, self.broker, content, ready_at)
+        await search.index_content(self.table, ready)
 
     async def _check(self, content: Content, source: Path) -> None:
         if content.type == ContentType.TEXT:
