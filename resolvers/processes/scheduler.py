@@ -9,19 +9,22 @@ One pass:
    of `UNLOCK#<day>#<shard>` on GSI2 (SCHEDULED, LOCKED, UNLOCKING) due up to
    one poll ahead: the due ones are handled now, the earliest of the others
    says when to wake next (so delivery follows the unlock date, not the poll).
-2. LOCKED: win it with a conditional LOCKED -> UNLOCKING (a loser skips it),
-   in small batches taken in a random order, so that processes waking together
-   share a burst of due capsules instead of one of them taking it all.
-3. UNLOCKING (just won, or left by a crash): once the content is READY, one
-   batch get per batch (contents, tag summaries, memberships, and the unread
-   counters and device counts the notes need), then for each capsule:
-   - a capsule for a few people: one transaction writes one notification per
-     person (counted unread, ids derived from the capsule), the recipients'
+2. LOCKED, in batches taken in a random order: one batch get per batch
+   (contents, tag summaries, memberships, and the unread counters and device
+   counts the notes need), then for each capsule whose content is READY:
+   - a capsule for a few people: one transaction, conditioned on LOCKED (so it
+     is the win: a loser's is cancelled), writes one notification per person
+     (counted unread, ids derived from the capsule), the recipients'
      `notifiedAt` stamps, makes the capsule AVAILABLE, puts the content in the
      feed, unseals its tags, and writes an outbox item naming who is to be told;
-   - a larger one, in steps that can each be replayed: the notifications in
-     batches of conditional puts and the stamps, then that same transaction
-     without them;
+   - a larger one is won first, with a conditional LOCKED -> UNLOCKING (a
+     loser skips it), then opened in steps that can each be replayed: the
+     notifications in batches of conditional puts and the stamps, then that
+     same transaction without them;
+   - one whose content is not READY yet is won (UNLOCKING: its date has come)
+     and waits.
+3. UNLOCKING (won here, or left by a crash): once the content is READY, as
+   above, the transaction conditioned on UNLOCKING;
    - the events go out in one batched publish; once a batch's capsules are
      done, their outbox items go in one batch write.
    A process that dies anywhere leaves either an UNLOCKING capsule (taken
@@ -298,16 +301,22 @@ class UnlockScheduler:
         batches = [unlocking] + [locked[n : n + size] for n in range(0, len(locked), size)]
         for n, batch in enumerate(batches):
             if n > 0:
-                won = await self._each(batch, lambda capsule: self._win(capsule, now_iso), result)
-                batch = [c for c in won if c is not None]
-                self._mine.update(c.id for c in batch)
+                # A capsule for a few people is won by its opening transaction
+                # itself (conditioned on LOCKED); a larger one opens in steps,
+                # each replayable, so it is won first.
+                in_steps = [c for c in batch if not may_open_at_once(c)]
+                won = await self._each(in_steps, lambda capsule: self._win(capsule, now_iso), result)
+                self._mine.update(c.id for c in won if c is not None)
+                batch = [c for c in batch if may_open_at_once(c)] + [c for c in won if c is not None]
             if not batch:
                 continue
             reads = await self._due_reads(batch)
             published: list[Key] = []
             finished = await self._each(
                 batch,
-                functools.partial(self._finish, reads=reads, result=result, published=published),
+                functools.partial(
+                    self._finish, reads=reads, result=result, published=published, now_iso=now_iso
+                ),
                 result,
             )
             await self._clear_outbox(published)
@@ -395,15 +404,25 @@ class UnlockScheduler:
         return Capsule.from_item(item)
 
     async def _finish(
-        self, capsule: Capsule, reads: DueReads, result: PassResult, published: list[Key]
+        self, capsule: Capsule, reads: DueReads, result: PassResult, published: list[Key], now_iso: str
     ) -> bool:
         """True when the capsule is AVAILABLE (by us or by another process).
         Once its events are out, its outbox item's key joins `published`, for
-        the batch's one delete."""
+        the batch's one delete. A LOCKED capsule is won by its one opening
+        transaction, or first by `_win` should its opening take steps."""
         content = reads.contents.get(capsule.content_id or "")
         readers = reads.readers.get(capsule.family_id, set())
-        unlocking_at = capsule.unlocking_at or capsule.unlock_date
+        # Its notes are dated when it was won: now, if this transaction wins it.
+        if capsule.status == CapsuleStatus.LOCKED:
+            unlocking_at = now_iso
+        else:
+            unlocking_at = capsule.unlocking_at or capsule.unlock_date
         if content is None or content.status not in (ContentStatus.READY, ContentStatus.DELIVERED):
+            if capsule.status == CapsuleStatus.LOCKED:
+                # Its date has come: UNLOCKING says so while its content is processed.
+                won = await self._win(capsule, now_iso)
+                if won is not None:
+                    self._mine.add(won.id)
             result.waiting += 1
             return False  # the content is still processing (or failed): wait
         # The capsule stays the family's and opens for its recipients; only those
@@ -423,7 +442,7 @@ class UnlockScheduler:
                 capsule.key,
                 set={"status": CapsuleStatus.AVAILABLE, "notificationSent": True, "unlockedAt": unlocking_at},
                 remove=["GSI2PK", "GSI2SK"],
-                condition=eq("status", CapsuleStatus.UNLOCKING),
+                condition=eq("status", capsule.status),
             ),
             Update(content.key, set=content.feed_keys(), condition=Exists()),
             # The content leaves its capsule: its tags now count for everyone.
@@ -470,6 +489,14 @@ class UnlockScheduler:
                 beside=[*opening, outbox_item(push_to), *stamps],
                 announce=False,
             )
+        elif capsule.status == CapsuleStatus.LOCKED:
+            # Its tags leave no room for it to open at once: won first, its
+            # steps then replayable under the date of that win.
+            won = await self._win(capsule, now_iso)
+            if won is None:
+                return False  # another process won it, and finishes it
+            self._mine.add(won.id)
+            return await self._finish(won, reads, result, published, now_iso)
         else:
             # Before the capsule opens, in replayable batches: a capsule of any
             # size. Each note is counted unread with it; a replay finds its note
@@ -486,7 +513,9 @@ class UnlockScheduler:
         except TransactionCancelled as error:
             if error.failed_on(capsule.key):
                 self._mine.discard(capsule.id)
-                return True  # another process finished it first; it publishes
+                # Another process finished it first, and publishes; or, if it was
+                # LOCKED here, it may only have won it: left for the next pass to see.
+                return capsule.status != CapsuleStatus.LOCKED
             if any(error.failed_on(op_key(stamp)) for stamp in stamps):
                 raise  # a recipient's item is gone: as when stamped on its own
             # Its tags changed meanwhile: still ours, the next pass reads again.

@@ -79,9 +79,11 @@ async def test_three_schedulers_divide_the_shards_and_open_each_capsule_once(tab
     assert set((await statuses(table, capsules)).values()) == {"AVAILABLE"}
     for (_, counting), shards, result in zip(processes, held, results, strict=True):
         # Each read its own shards only, and opened every capsule in them: no
-        # other process read them, so no win was lost (every update is a win).
+        # other process read them, so no opening was lost (every transaction,
+        # which wins its capsule too, committed; there was no other write to win one).
         assert due_reads(counting) == shards, counting.rounds()
-        assert counting.calls["update"] == result.unlocked, counting.rounds()
+        assert counting.calls["transact"] == result.unlocked, counting.rounds()
+        assert counting.calls["update"] == 0, counting.rounds()
         assert result.unlocked == sum(1 for shard in capsules.values() if shard in shards)
 
 
