@@ -30,8 +30,11 @@ async def in_slices(records: Iterable[T], size: int = SLICE) -> AsyncIterator[Se
 
 async def built(records: Iterable[T], make: Callable[[T], R], size: int = SLICE) -> list[R]:
     """`[make(record) for record in records]`, a slice at a time."""
+    listed = records if isinstance(records, Sequence) else list(records)
+    if len(listed) <= size:
+        return [make(record) for record in listed]  # one slice: no turn to give
     made: list[R] = []
-    async for part in in_slices(records, size):
+    async for part in in_slices(listed, size):
         made.extend(make(record) for record in part)
     return made
 
