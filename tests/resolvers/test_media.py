@@ -646,3 +646,38 @@ async def test_media_tools_and_photo_processes_run_at_the_background_priority() 
     niceness = await asyncio.wrap_future(media._photo_pool().submit(os.getpriority, os.PRIO_PROCESS, 0))
     assert niceness == BACKGROUND_NICENESS
     assert os.getpriority(os.PRIO_PROCESS, 0) < BACKGROUND_NICENESS  # the server itself is not lowered
+
+
+def test_a_photos_child_does_not_run_the_servers_main_module(tmp_path: Path) -> None:
+    """multiprocessing runs the parent's main module again in each child of the
+    forkserver; for the server that is app.py and all of its imports, twice per
+    photo. A main module that notes each run of itself: a photo leaves one, its own."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.servers import ROOT
+
+    runs, photo, main = tmp_path / "runs", tmp_path / "photo.png", tmp_path / "server_main.py"
+    Image.new("RGB", (8, 8), "red").save(photo)
+    main.write_text(
+        textwrap.dedent(
+            f"""
+            import asyncio
+            from pathlib import Path
+
+            with open({str(runs)!r}, "a") as log:
+                log.write(__name__ + "\\n")
+
+            if __name__ == "__main__":
+                from resolvers.adapters import media
+
+                asyncio.run(media.check_photo(Path({str(photo)!r})))
+                media.close_photo_pool()
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop(media.FORKSERVER_MAIN, None)
+    subprocess.run([sys.executable, str(main)], cwd=tmp_path, env=env, check=True, timeout=120)
+    assert runs.read_text().split() == ["__main__"]
