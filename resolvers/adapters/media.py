@@ -250,9 +250,9 @@ _PROBE_FIELDS = frozenset(probing.ProbeFields.__annotations__)
 
 # multiprocessing starts each child of the forkserver by running the parent's
 # main module again as `__mp_main__` ("safe importing of the main module"). The
-# server's main is app.py, whose imports are the whole server: about 0.5 s of CPU
-# per child, and a photo takes two children (1.5 s of CPU a photo, against 0.5 s
-# with a main module that imports nothing). The children need none of it: their
+# server's main is app.py, whose imports are the whole server, and a photo takes
+# two children: 1.5 s of the machine's CPU a photo, 0.06 s once the children
+# skip it (2026-12-05, five photos each way). The children need none of it: their
 # work is in this module, which the forkserver preloads. CPython's own remedy,
 # "__main__" in the preload list, does nothing in 3.11 (the forkserver is never
 # given the main module's path). So the forkserver is told the path, in this

@@ -337,8 +337,8 @@ async def content_ready(table: Table, broker: EventBus | None, content: Content,
     pipeline's recovery to write what is missing, or READY with every note.
     Capsule content is announced when its capsule opens, by the scheduler.
 
-    Runs to its end once started (`to_the_end`), as `write` does: a move that
-    commits is announced."""
+    Its writes and the announcement run to their end once the writes start
+    (`to_the_end`), as `write`'s do: a move that commits is announced."""
     at = content.notes_at or str(ready.set["readyAt"])
     members = await family_members(table, content.family_id) if content.in_feed else []
     notes = [
