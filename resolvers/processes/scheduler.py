@@ -299,15 +299,7 @@ class UnlockScheduler:
         opened: set[str] = set()
         size = claim_batch(len(locked))
         batches = [unlocking] + [locked[n : n + size] for n in range(0, len(locked), size)]
-        for n, batch in enumerate(batches):
-            if n > 0:
-                # A capsule for a few people is won by its opening transaction
-                # itself (conditioned on LOCKED); a larger one opens in steps,
-                # each replayable, so it is won first.
-                in_steps = [c for c in batch if not may_open_at_once(c)]
-                won = await self._each(in_steps, lambda capsule: self._win(capsule, now_iso), result)
-                self._mine.update(c.id for c in won if c is not None)
-                batch = [c for c in batch if may_open_at_once(c)] + [c for c in won if c is not None]
+        for batch in batches:
             if not batch:
                 continue
             reads = await self._due_reads(batch)
@@ -412,19 +404,23 @@ class UnlockScheduler:
         transaction, or first by `_win` should its opening take steps."""
         content = reads.contents.get(capsule.content_id or "")
         readers = reads.readers.get(capsule.family_id, set())
+        ready = content is not None and content.status in (ContentStatus.READY, ContentStatus.DELIVERED)
+        if capsule.status == CapsuleStatus.LOCKED and not (ready and may_open_at_once(capsule)):
+            # Won first: its date has come (UNLOCKING says so while its content
+            # is processed), or it opens in steps, replayable under that win's date.
+            won = await self._win(capsule, now_iso)
+            if won is None:
+                return False  # another process won it, and finishes it
+            self._mine.add(won.id)
+            capsule = won
+        if content is None or not ready:
+            result.waiting += 1
+            return False  # the content is still processing (or failed): wait
         # Its notes are dated when it was won: now, if this transaction wins it.
         if capsule.status == CapsuleStatus.LOCKED:
             unlocking_at = now_iso
         else:
             unlocking_at = capsule.unlocking_at or capsule.unlock_date
-        if content is None or content.status not in (ContentStatus.READY, ContentStatus.DELIVERED):
-            if capsule.status == CapsuleStatus.LOCKED:
-                # Its date has come: UNLOCKING says so while its content is processed.
-                won = await self._win(capsule, now_iso)
-                if won is not None:
-                    self._mine.add(won.id)
-            result.waiting += 1
-            return False  # the content is still processing (or failed): wait
         # The capsule stays the family's and opens for its recipients; only those
         # who are its MEMBERs or ADMINs now are told (a creator who was removed
         # is not, and a recipient who left is not).
@@ -490,8 +486,7 @@ class UnlockScheduler:
                 announce=False,
             )
         elif capsule.status == CapsuleStatus.LOCKED:
-            # Its tags leave no room for it to open at once: won first, its
-            # steps then replayable under the date of that win.
+            # Its tags leave no room for it to open at once: won first, as above.
             won = await self._win(capsule, now_iso)
             if won is None:
                 return False  # another process won it, and finishes it
