@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import contextlib
 import errno
-import gc
 import logging
 import shutil
 import socket
@@ -41,7 +40,7 @@ from resolvers.core import logs
 from resolvers.core.auth import mint_token
 from resolvers.core.config import ConfigError, Settings
 from resolvers.core.context import utc_now
-from resolvers.core.heap import tune_collector
+from resolvers.core.heap import settle_after_start
 from resolvers.core.metrics import Metrics
 from resolvers.domain import mail
 from resolvers.runtime import compose, local_blob_store, observe_table, start_background
@@ -186,10 +185,7 @@ def create_app(
                 _serve_metrics(metrics, settings, stack)
             app.state.services = state.services
             await start_background(state.services, stack)
-            # What exists now lives as long as the process: keep the collector
-            # from walking it again on every full collection.
-            tune_collector()
-            gc.freeze()
+            settle_after_start()
             yield
             # Done already when `serve` runs (GracefulServer); not when another
             # server runs the app.

@@ -42,6 +42,16 @@ def tune_collector() -> None:
     gc.set_threshold(YOUNG_THRESHOLD, middle, old)
 
 
+def settle_after_start() -> None:
+    """What a server process does once it has started: its collector tuned,
+    and what exists then (modules, the composed services) frozen, since it
+    lives as long as the process and no full collection need walk it again.
+    A measurement of the server's work done in another process calls this
+    too, so that it runs under the server's collector."""
+    tune_collector()
+    gc.freeze()
+
+
 class SubscriptionHeap:
     """Counts subscriptions coming and going, and freezes or thaws the heap."""
 
