@@ -95,10 +95,6 @@ async def _publish(broker: EventBus, events: Sequence[tuple[str, Event]]) -> Non
 class Broker(EventBus, Protocol):
     """The event bus, and what the composition asks of it besides."""
 
-    def subscriber_count(self, channel: str) -> int:
-        """How many subscribers in this process listen on `channel` now."""
-        ...
-
     async def ping(self) -> None:
         """Raises when the broker cannot carry events now (readiness)."""
 

@@ -69,6 +69,10 @@ class EventBus(Protocol):
     def publish_failed(self) -> None:
         """A publish did not get out: the local streams re-read from the table."""
 
+    def subscriber_count(self, channel: str) -> int:
+        """How many subscribers in this process listen on `channel` now."""
+        ...
+
 
 class MediaQueue(Protocol):
     """The media pipeline, to a request: an upload to process."""

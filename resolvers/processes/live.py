@@ -20,7 +20,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar, cast
@@ -198,6 +198,16 @@ class UnlockedReads:
     content: Item | None
     members: dict[str, Item]  # membership items by user id
     notes: dict[str, Item]  # each person's CAPSULE_UNLOCKED notification, by user id
+    # Whose membership and note were read: the people told of the opening whom
+    # this process held a stream for then. With the streams spread over many
+    # processes, each reads its own share of a family's thousand, not all of it.
+    read_for: frozenset[str]
+
+    def covers(self, viewer: str) -> bool:
+        """Whether what was read decides for `viewer`: read for them, or not
+        one of the people told of the opening (who hear nothing of it)."""
+        capsule = self.record
+        return viewer in self.read_for or not (capsule.receives(viewer) or viewer == capsule.creator_id)
 
 
 class EventReads:
@@ -277,7 +287,11 @@ async def _unlocked_capsule(ctx: Context, event: dict[str, object], viewer: str)
     if not keys.usable_id(capsule_id) or not keys.usable_id(unlocked_at):
         return None
     shared = await _unlocked_reads(ctx, capsule_id, unlocked_at)
-    return None if shared is None else _opened(shared, unlocked_at, viewer)
+    if shared is None:
+        return None
+    if not shared.covers(viewer):
+        shared = await _read_for_viewer(ctx, shared, unlocked_at, viewer)
+    return _opened(shared, unlocked_at, viewer)
 
 
 async def _unlocked_reads(ctx: Context, capsule_id: str, unlocked_at: str) -> UnlockedReads | None:
@@ -287,21 +301,53 @@ async def _unlocked_reads(ctx: Context, capsule_id: str, unlocked_at: str) -> Un
         capsule = await ctx.table.get(keys.capsule(capsule_id))
         if capsule is None:
             return None
-        # Only the people this event can wake: the recipients and the creator.
-        people = {*capsule.get("recipientIds", ()), capsule["creatorId"]}
-        wanted = [keys.member(capsule["familyId"], person) for person in people]
-        wanted += [
-            keys.notification(person, unlocked_at, capsule_event_id(capsule_id, person)) for person in people
-        ]
+        # Only the people this event can wake (the recipients and the creator),
+        # and of them those with a stream here: the others' events go to
+        # other processes. A stream that starts later reads for itself.
+        broker = ctx.services.broker
+        people = frozenset(
+            person
+            for person in (*capsule.get("recipientIds", ()), capsule["creatorId"])
+            if broker.subscriber_count(user_channel(person, "capsules"))
+        )
+        wanted = _viewer_keys(capsule["familyId"], capsule_id, unlocked_at, people)
         if capsule.get("contentId"):
             wanted.append(keys.content(capsule["contentId"]))
         found = await ctx.table.batch_get(wanted)
         content = found.pop(keys.content(capsule["contentId"]), None) if capsule.get("contentId") else None
-        members = {item["userId"]: item for item in found.values() if item.get("type") == "Membership"}
-        notes = {item["userId"]: item for item in found.values() if item.get("type") == "Notification"}
-        return UnlockedReads(capsule, Capsule.from_item(capsule), content, members, notes)
+        members, notes = _by_person(found.values())
+        return UnlockedReads(capsule, Capsule.from_item(capsule), content, members, notes, people)
 
     return await _event_reads(ctx).read(("capsule", capsule_id, unlocked_at), load)
+
+
+def _viewer_keys(family_id: str, capsule_id: str, unlocked_at: str, people: Iterable[str]) -> list[Key]:
+    """Each person's membership and notification of the opening."""
+    return [
+        key
+        for person in people
+        for key in (
+            keys.member(family_id, person),
+            keys.notification(person, unlocked_at, capsule_event_id(capsule_id, person)),
+        )
+    ]
+
+
+def _by_person(items: Iterable[Item]) -> tuple[dict[str, Item], dict[str, Item]]:
+    members = {item["userId"]: item for item in items if item.get("type") == "Membership"}
+    notes = {item["userId"]: item for item in items if item.get("type") == "Notification"}
+    return members, notes
+
+
+async def _read_for_viewer(
+    ctx: Context, shared: UnlockedReads, unlocked_at: str, viewer: str
+) -> UnlockedReads:
+    """The opening's reads with the viewer's own membership and note, for a
+    stream that was not here when they were read for everyone."""
+    capsule = shared.record
+    found = await ctx.table.batch_get(_viewer_keys(capsule.family_id, capsule.id, unlocked_at, (viewer,)))
+    members, notes = _by_person(found.values())
+    return replace(shared, members=members, notes=notes, read_for=frozenset((viewer,)))
 
 
 def _opened(shared: UnlockedReads, unlocked_at: str, viewer: str) -> Opened | None:
@@ -596,6 +642,8 @@ class _OpeningReceiver:
         to lead its class."""
         given_back: Event | None = event
         try:
+            if shared is not None and not shared.covers(self.viewer):
+                return True  # not read for: its own stream reads for itself
             opened = None if shared is None else _opened(shared, str(event["unlockedAt"]), self.viewer)
             if opened is None:
                 given_back = None  # nothing for this viewer, as the stream would decide

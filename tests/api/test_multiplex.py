@@ -123,6 +123,55 @@ async def test_alike_subscribers_share_one_execution_and_each_gets_its_own_answe
     assert len(set(notes.values())) == 4
 
 
+def _read_for_openings(counting: CountingTable, family_id: str, people: list[str]) -> set[str]:
+    """Whose membership the batch reads that carried the opening's notes asked for."""
+    read = set()
+    for _, name, what in counting.trace:
+        if name == "batch_get" and "/NOTIF#" in what:
+            read |= {p for p in people if "{}/{}".format(*keys.member(family_id, p)) in what}
+    return read
+
+
+async def test_an_opening_is_read_for_the_people_with_a_stream_here_and_a_later_stream_reads_its_own(
+    api: Api,
+) -> None:
+    """With a family's streams spread over processes, each process reads the
+    memberships and notes of its own share of the recipients; a stream that
+    starts after that read, with the read still fresh, reads for itself and
+    is told like everyone else."""
+    people = ["ben", "cy", "dee"]
+    family_id = await family_with_members(api, "ana", people)
+    capsule_id = await opened_capsule(api, family_id, people)
+    counting = api.table
+    assert isinstance(counting, CountingTable)
+    async with stream(api, SHARED_DOC, "ben") as bens:
+        first = asyncio.ensure_future(bens.__anext__())
+        await listening(api, ["ben"])
+        counting.reset()
+        api.clock.advance(minutes=6)
+        assert (await api.services.scheduler.run_once()).unlocked == 1
+        told = (await asyncio.wait_for(first, 30)).data["capsuleUnlocked"]
+        assert told["capsule"]["id"] == capsule_id
+        assert _read_for_openings(counting, family_id, ["ana", *people]) == {"ben"}
+        # cy's stream starts now, and the opening is published again (as the
+        # outbox's recovery would): the shared read is fresh, and not cy's.
+        async with stream(api, SHARED_DOC, "cy") as cys:
+            second = asyncio.ensure_future(cys.__anext__())
+            await listening(api, ["cy"])
+            stored = await api.table.get(keys.capsule(capsule_id))
+            assert stored is not None
+            counting.reset()
+            await api.services.broker.publish(
+                "user:cy:capsules",
+                {"kind": "capsule", "capsuleId": capsule_id, "unlockedAt": stored["unlockedAt"]},
+            )
+            got = (await asyncio.wait_for(second, 30)).data["capsuleUnlocked"]
+    assert got["capsule"]["id"] == capsule_id and got["unlockedAt"] == told["unlockedAt"]
+    assert _read_for_openings(counting, family_id, ["ana", *people]) == {"cy"}
+    listed = await api.ok("{ notifications { edges { node { id type } } } }", as_="cy")
+    assert got["id"] in {e["node"]["id"] for e in listed["notifications"]["edges"]}
+
+
 async def test_a_field_not_known_to_be_shareable_runs_per_subscriber(api: Api) -> None:
     assert "Content.viewerReactions" not in SHAREABLE
     family_id = await family_with_members(api, "ana", ["ben", "cy"])
