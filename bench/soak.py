@@ -18,7 +18,8 @@ clients were told is compared with the table as the API answers it:
   there once, and no body of any comment sent is there twice;
 - its NEW_COMMENT notification (a deterministic id) is in the author's
   notifications once; every scheduled capsule's CAPSULE_UNLOCKED once per
-  recipient; no notification id twice;
+  recipient; every content READY in a feed's NEW_CONTENT once per other
+  member of its family; no notification id twice;
 - each `notificationAdded` / `capsuleUnlocked` stream, across its reconnects,
   holds every notification of its kind its person got after it started, and
   none twice;
@@ -751,6 +752,22 @@ async def check(runner: Soak, people: list[Person], baseline: dict[str, set[str]
             expected_notes += 1
             if held[user][unlocked_id(capsule_id, user)] == 0:
                 outcome.lost.append(f"CAPSULE_UNLOCKED of {capsule_id} for {user} missing")
+    # Content that ended READY in the feed has told every other member of its
+    # family, in the move's own commit (docs/decisions.md, "READY and the
+    # family's NEW_CONTENT notes commit together").
+    members_of = {p.family_id: p.family for p in people}
+    for family_id, contents in runner.readable.items():
+        for content_id, author in contents:
+            now = (await gql(runner.http, url, author, STATUS, {"id": content_id}))["content"]
+            if now is None or now["status"] not in ("READY", "DELIVERED"):
+                continue
+            for user in members_of[family_id]:
+                if user == author:
+                    continue
+                expected_notes += 1
+                outcome.counted["NEW_CONTENT expected"] += 1
+                if held[user][notification_id(NotificationType.NEW_CONTENT, content_id, user)] == 0:
+                    outcome.lost.append(f"NEW_CONTENT of {content_id} for {user} missing")
     outcome.counted["notifications expected from committed writes"] = expected_notes
     # The streams: every notification of their kind since they started, once.
     streaming = [p for p in people if p.subscription in SUBSCRIPTIONS]
@@ -869,7 +886,8 @@ def rows_of(sizes: Sizes, outcome: Outcome) -> list[Row]:
         f"{counted['comments committed']} comments answered, {counted['comments applied']} APPLIED, "
         f"{counted['comments unknown']} unknown ({counted['comments unknown, found landed']} landed), "
         f"{counted['comments refused']} refused; {counted['notifications expected from committed writes']} "
-        f"notifications expected from them and {len(ledger.capsules)} scheduled capsules; "
+        f"notifications expected from them, from {len(ledger.capsules)} scheduled capsules and from "
+        f"content READY in the feed ({counted['NEW_CONTENT expected']} NEW_CONTENT); "
         f"{counted['stream events received']} stream events, "
         f"{counted['status streams watched']} status streams"
     )
