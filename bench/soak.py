@@ -9,8 +9,9 @@ process (round robin) is killed with SIGKILL and started again on its port.
 A client whose process goes away retries on the next one: a mutation with the
 same Idempotency-Key (a retry never applies twice; an answer lost after the
 write landed comes back as CONFLICT with `outcome: "APPLIED"`), a subscription
-with `after` set to the last event it received (the resumable streams of
-docs/decisions.md, "Live events that are never lost").
+with `after` set to the last event it received and `received` to the ids of
+its last 100 (the resumable streams of docs/decisions.md, "Live events that
+are never lost").
 
 At the end, once the pipeline and the capsules due have settled, what the
 clients were told is compared with the table as the API answers it:
@@ -85,9 +86,14 @@ CONTENT = "query($id: ID!) { content(id: $id) { id status commentCount } }"
 EMOJI = ("❤️", "😂", "👍", "🎉")
 
 SUBSCRIPTIONS = {
-    "notificationAdded": "subscription($a: ID) { notificationAdded(after: $a) { id type } }",
-    "capsuleUnlocked": "subscription($a: ID) { capsuleUnlocked(after: $a) { id capsule { id } } }",
+    "notificationAdded": "subscription($a: ID, $r: [ID!]) "
+    "{ notificationAdded(after: $a, received: $r) { id type } }",
+    "capsuleUnlocked": "subscription($a: ID, $r: [ID!]) "
+    "{ capsuleUnlocked(after: $a, received: $r) { id capsule { id } } }",
 }
+# The ids a resuming client says it holds: its most recent, as many as the
+# API takes (a person's events do not come in the order `after` reads them).
+RECEIVED_SENT = 100
 STATUS_SUBSCRIPTION = "subscription($c: ID!) { contentStatusChanged(contentId: $c) { id status } }"
 
 
@@ -420,7 +426,8 @@ class Soak:
             try:
                 async with self.socket(person, attempt) as ws:
                     after = received[-1] if received else None
-                    payload = {"query": SUBSCRIPTIONS[name], "variables": {"a": after}}
+                    variables = {"a": after, "r": received[-RECEIVED_SENT:] or None}
+                    payload = {"query": SUBSCRIPTIONS[name], "variables": variables}
                     await ws.send(json.dumps({"id": "1", "type": "subscribe", "payload": payload}))
                     ready.set()
                     async for data in self.messages(ws):

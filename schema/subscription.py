@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, AsyncIterator, Hashable
 from contextlib import aclosing
+from typing import Annotated
 
 import strawberry
 
@@ -22,6 +23,20 @@ from schema.notification import Notification
 # once (its channel, its replay's turn), not when it is collected.
 
 
+# Resuming, the ids a client already holds (at most 100, the most recent its
+# stream sent): a person's events are not sent in the order `after` reads them
+# (each note is dated before its commit), so the replay after the last one
+# received may hold one received before it, which this keeps from being sent
+# again.
+Received = Annotated[
+    list[strawberry.ID] | None,
+    strawberry.argument(
+        description="ids of events this client already holds (at most 100, the most recent): "
+        "not sent again, by the replay or live"
+    ),
+]
+
+
 async def sent(
     sink: frames.FrameSink | None, share: Hashable, event_id: str | None, charge: live.Charge
 ) -> bool:
@@ -33,10 +48,11 @@ async def sent(
 class Subscription:
     @strawberry.subscription(
         description="every capsule the viewer created or receives, as it becomes AVAILABLE; "
-        "with `after` (an event id), first those that opened since that event, oldest first"
+        "with `after` (an event id), first those that opened since that event, oldest first; "
+        "none of the events in `received`"
     )
     async def capsule_unlocked(
-        self, info: Info, after: strawberry.ID | None = None
+        self, info: Info, after: strawberry.ID | None = None, received: Received = None
     ) -> AsyncGenerator[CapsuleUnlockedEvent, None]:
         cost = event_cost(info)
         most = live.replay_bound(cost, info.context.services.settings.max_query_cost)
@@ -45,7 +61,11 @@ class Subscription:
 
         async def events(charge: live.Charge) -> AsyncIterator[CapsuleUnlockedEvent]:
             stream = live.capsules_unlocked(
-                info.context, str(after) if after is not None else None, most, frames=sink
+                info.context,
+                str(after) if after is not None else None,
+                most,
+                frames=sink,
+                received=received or (),
             )
             async with aclosing(stream):
                 async for capsule, unlocked_at, event_id, share, prime in stream:
@@ -67,16 +87,18 @@ class Subscription:
 
     @strawberry.subscription(
         description="every notification addressed to the viewer, as it is created; with `after` "
-        "(a notification id), first those created since that one, oldest first"
+        "(a notification id), first those created since that one, oldest first; none of those in `received`"
     )
     async def notification_added(
-        self, info: Info, after: strawberry.ID | None = None
+        self, info: Info, after: strawberry.ID | None = None, received: Received = None
     ) -> AsyncGenerator[Notification, None]:
         cost = event_cost(info)
         most = live.replay_bound(cost, info.context.services.settings.max_query_cost)
 
         async def events(charge: live.Charge) -> AsyncIterator[Notification]:
-            stream = live.notifications_added(info.context, str(after) if after is not None else None, most)
+            stream = live.notifications_added(
+                info.context, str(after) if after is not None else None, most, received=received or ()
+            )
             async with aclosing(stream):
                 async for note in stream:
                     yield Notification(item=note)

@@ -20,7 +20,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Protocol, TypeVar, cast
@@ -418,6 +418,10 @@ REPLAY_COSTS = 10
 # Event ids a stream remembers to drop repeats: at-least-once delivery (a
 # recovery pass publishing again) and the replay seam both repeat recent ones.
 REMEMBERED = 256
+# Ids a resuming client may say it holds: as many as any list in a request's
+# variables (schema.cost bounds those before this runs; this bounds a list
+# written in the document itself).
+RECEIVED_MOST = 100
 
 
 class Seen:
@@ -425,6 +429,21 @@ class Seen:
 
     def __init__(self) -> None:
         self._ids: OrderedDict[str, None] = OrderedDict()
+
+    @classmethod
+    def holding(cls, received: Sequence[str]) -> Seen:
+        """A resumed stream's ids, starting with those its client says it holds
+        (public ids or stored ones): neither its replay nor a live event sends
+        them again. A person's notes are not sent in the order they sort
+        (each is dated before its commit), so the replay after the last one a
+        client received may hold one it received before it; only the client
+        knows which."""
+        if len(received) > RECEIVED_MOST:
+            raise BadInput(f"received: at most {RECEIVED_MOST} ids, the most recent the stream sent")
+        seen = cls()
+        for value in received:
+            seen.first_time(str(value).split(".", 1)[0])
+        return seen
 
     def __contains__(self, event_id: str) -> bool:
         return event_id in self._ids
@@ -668,7 +687,11 @@ class _OpeningReceiver:
 
 
 async def capsules_unlocked(
-    ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT, frames: ClassFrames | None = None
+    ctx: Context,
+    after: str | None = None,
+    most: int = REPLAY_LIMIT,
+    frames: ClassFrames | None = None,
+    received: Sequence[str] = (),
 ) -> AsyncGenerator[tuple[Capsule, str, str, Share | None, Callable[[], None]], None]:
     """(capsule, unlocked at, event id, share, prime) for every capsule the
     viewer may read as it opens; with `after`, first those that opened since
@@ -676,10 +699,11 @@ async def capsules_unlocked(
     the opening; `prime()` readies the viewer's loaders before the event's
     document is executed for them (`Opened.prime`). With `frames`, a live
     opening that comes while the stream waits may be sent as its class's frame
-    from the opening's turn (`_Opening`), and never yielded here."""
+    from the opening's turn (`_Opening`), and never yielded here. What the
+    client says it has `received` is not sent again (`Seen.holding`)."""
     with ctx.services.metrics.subscription("capsuleUnlocked"):
         viewer = await ctx.viewer_id()
-        seen = Seen()
+        seen = Seen.holding(received)
         place = Place(viewer)
         receiver = _OpeningReceiver(ctx, viewer, seen, place, frames) if frames is not None else None
         async with (
@@ -736,13 +760,14 @@ async def _capsule_for(ctx: Context, event: dict[str, object], viewer: str) -> O
 
 
 async def notifications_added(
-    ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT
+    ctx: Context, after: str | None = None, most: int = REPLAY_LIMIT, received: Sequence[str] = ()
 ) -> AsyncGenerator[Notification, None]:
     """Every notification addressed to the viewer as it is created; with
-    `after`, first those created since that one."""
+    `after`, first those created since that one; none the client says it has
+    `received` (`Seen.holding`)."""
     with ctx.services.metrics.subscription("notificationAdded"):
         viewer = await ctx.viewer_id()
-        seen = Seen()
+        seen = Seen.holding(received)
         place = Place(viewer)
         async with (
             _broker(ctx).subscribe(notifications.channel(viewer)) as events,
