@@ -23,11 +23,7 @@ from schema.notification import Notification
 # once (its channel, its replay's turn), not when it is collected.
 
 
-# Resuming, the ids a client already holds (at most 100, the most recent its
-# stream sent): a person's events are not sent in the order `after` reads them
-# (each note is dated before its commit), so the replay after the last one
-# received may hold one received before it, which this keeps from being sent
-# again.
+# Resuming, the ids a client already holds (why: `live.Seen.holding`).
 Received = Annotated[
     list[strawberry.ID] | None,
     strawberry.argument(

@@ -383,6 +383,7 @@ class UnlockScheduler:
         return await all_items(self.table, partition, SortKey("<=", until + "~"), index="GSI2", page_size=500)
 
     async def _win(self, capsule: Capsule, now_iso: str) -> Capsule | None:
+        """LOCKED -> UNLOCKING, this process's to finish; None if another won it."""
         try:
             item = await self.table.update(
                 Update(
@@ -393,7 +394,9 @@ class UnlockScheduler:
             )
         except ConditionFailed:
             return None  # another process won it
-        return Capsule.from_item(item)
+        won = Capsule.from_item(item)
+        self._mine.add(won.id)
+        return won
 
     async def _finish(
         self, capsule: Capsule, reads: DueReads, result: PassResult, published: list[Key], now_iso: str
@@ -411,7 +414,6 @@ class UnlockScheduler:
             won = await self._win(capsule, now_iso)
             if won is None:
                 return False  # another process won it, and finishes it
-            self._mine.add(won.id)
             capsule = won
         if content is None or not ready:
             result.waiting += 1
@@ -490,7 +492,6 @@ class UnlockScheduler:
             won = await self._win(capsule, now_iso)
             if won is None:
                 return False  # another process won it, and finishes it
-            self._mine.add(won.id)
             return await self._finish(won, reads, result, published, now_iso)
         else:
             # Before the capsule opens, in replayable batches: a capsule of any
