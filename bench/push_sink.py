@@ -4,20 +4,24 @@ monotonic clock, which every process shares), nothing decrypted. In its own
 process its CPU is not taken from the server's event loop by the GIL, as a
 push service's never is. `GET /stats` answers how many it took and when the
 first and the last came (`/stats?count=N` once N have come, so the bench
-need not poll); `POST /reset` forgets them.
+need not poll); `POST /reset` forgets them. With a delay, each push is
+answered that long after it came, as a push service across a network is
+(its connection waits meanwhile, as an HTTP/1.1 connection does).
 
-    python -m bench.push_sink    # prints its port, then serves until killed
+    python -m bench.push_sink [DELAY_MS]   # prints its port, then serves until killed
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 
 
 class Sink:
-    def __init__(self) -> None:
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
         self.count = 0
         self.first = 0.0
         self.last = 0.0
@@ -38,6 +42,8 @@ class Sink:
                     await reader.readexactly(length)
                 body = b""
                 if method == "POST" and path.startswith("/push/"):
+                    if self.delay:
+                        await asyncio.sleep(self.delay)
                     now = time.monotonic()
                     if not self.count:
                         self.first = now
@@ -69,8 +75,8 @@ class Sink:
             writer.close()
 
 
-async def main() -> None:
-    sink = Sink()
+async def main(delay: float) -> None:
+    sink = Sink(delay)
     server = await asyncio.start_server(sink.serve, "127.0.0.1", 0, backlog=1024)
     print(server.sockets[0].getsockname()[1], flush=True)
     async with server:
@@ -84,4 +90,4 @@ if __name__ == "__main__":
         uvloop.install()
     except ImportError:
         pass
-    asyncio.run(main())
+    asyncio.run(main(float(sys.argv[1]) / 1000 if len(sys.argv) > 1 else 0.0))

@@ -11,6 +11,7 @@ import pytest
 
 from bench.__main__ import SECTIONS, run_sections, table
 from bench.common import TINY
+from bench.push import NETWORK_DELAY_MS
 
 SLOW_READERS, NORMAL_READERS = TINY.slow_readers, TINY.normal_readers
 # Measures each section must report, by their whole name or (second) by how they start.
@@ -34,7 +35,11 @@ MEASURES: dict[int, tuple[str, ...]] = {
     ),
     8: ("  capsules opened exactly once (counters sum to the capsules, every round, 1 and N processes)",),
     9: ("warm / fresh",),
-    10: ("push: ours / transport alone", "store calls per push (the opening's own included)"),
+    10: (
+        "push: ours / transport alone",
+        "store calls per push (the opening's own included)",
+        f"push: ours / transport alone, push service answering in {NETWORK_DELAY_MS} ms",
+    ),
 }
 MEASURES_STARTING: dict[int, tuple[str, ...]] = {
     3: tuple(
