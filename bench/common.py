@@ -60,7 +60,7 @@ class Sizes:
     normal_readers: int = 30
     scaleout_members: int = 600
     scaleout_capsules: int = 39
-    scaleout_rounds: int = 5
+    scaleout_rounds: int = 9
     scaleout_processes: int = 3
     probe_rounds: int = 5
     probes_per_round: int = 10
