@@ -65,15 +65,14 @@ def thread_cpu(pid: int) -> dict[str, float]:
     /proc/<pid>/stat moved a ratio of three processes' sums by about 0.07 a
     tick; that count is the fallback where schedstat is not kept."""
     spent: dict[str, float] = {}
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
-                spent[tid] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
-    except FileNotFoundError:
-        text = Path(f"/proc/{pid}/stat").read_text()
-        fields = text[text.rindex(")") + 2 :].split()  # the name may hold spaces
-        return {"all": (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")}
-    return spent
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile, or no schedstat
+            spent[tid] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+    if spent:
+        return spent
+    text = Path(f"/proc/{pid}/stat").read_text()
+    fields = text[text.rindex(")") + 2 :].split()  # the name may hold spaces
+    return {"all": (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")}
 
 
 def cpu_between(before: dict[str, float], after: dict[str, float]) -> float:
