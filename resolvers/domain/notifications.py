@@ -76,6 +76,11 @@ def public_id(note: Notification) -> str:
     return f"{note.id}.{note.epoch or 0}.{note.created_at}"
 
 
+def stored_id(value: str) -> str:
+    """The stored id in a public id, or a stored id as it is (an id has no dot)."""
+    return value.split(".", 1)[0]
+
+
 @dataclass(frozen=True)
 class Named:
     """A note named by a public id: not known to exist, nor to be the viewer's."""

@@ -442,7 +442,7 @@ class Seen:
             raise BadInput(f"received: at most {RECEIVED_MOST} ids, the most recent the stream sent")
         seen = cls()
         for value in received:
-            seen.first_time(str(value).split(".", 1)[0])
+            seen.first_time(notifications.stored_id(str(value)))
         return seen
 
     def __contains__(self, event_id: str) -> bool:
