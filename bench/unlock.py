@@ -1,13 +1,20 @@
 """Section 4: unlock throughput. Capsules with two recipients each, all due at
 once, opened by UnlockScheduler.run_once in-process: capsules per second to
 AVAILABLE (with their notifications) on the embedded store, and store calls
-per capsule on DynamoDB (moto_server), counted through CountingTable."""
+per capsule on DynamoDB (moto_server), counted through CountingTable.
+
+The embedded store's baseline, from the same round: SQLite alone writing the
+rows the pass wrote, in the same commits, into a copy of the table as it was
+before the pass (no reads, no conditions, no Python of ours). Capsules per
+second depend on the machine; the share of a pass that is SQLite's own writing
+does much less, so the two together tell a slower machine from slower code."""
 
 from __future__ import annotations
 
 import contextlib
 import gc
 import os
+import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -16,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench.common import Row, Sizes, Stats, bench_settings, now, verdict
+from bench.common import Row, Sizes, Stats, bench_settings, now, ratio_stats, verdict
 from resolvers.adapters.broker import InProcessBroker
 from resolvers.core.context import utc_now
 from resolvers.core.heap import settle_after_start
@@ -92,11 +99,66 @@ def under_the_servers_collector() -> Iterator[None]:
         gc.set_threshold(*thresholds)
 
 
-async def embedded(sizes: Sizes, tmp: Path) -> list[float]:
+@dataclass(frozen=True)
+class OnSqlite:
+    capsules_per_second: float
+    # The same rows and commits written by SQLite alone (`written_alone`).
+    alone_per_second: float
+
+
+class Commits:
+    """The writes an embedded table commits, group by group, as `_Changes`
+    (store.sqlite): the writer's own apply and commit, wrapped. For the bench
+    alone: the server has no use for a record of its writes."""
+
+    def __init__(self, table: Any) -> None:
+        self.groups: list[list[Any]] = []
+        writer = table._writer
+        apply, commit = writer._apply, writer._commit
+
+        def recording_commit(db: sqlite3.Connection, group: list[Any]) -> Any:
+            self.groups.append([])
+            return commit(db, group)
+
+        def recording_apply(db: sqlite3.Connection, changes: Any) -> None:
+            self.groups[-1].append(changes)
+            apply(db, changes)
+
+        writer._commit, writer._apply = recording_commit, recording_apply
+
+
+def written_alone(path: Path, groups: list[list[Any]]) -> float:
+    """Seconds SQLite takes to write `groups` into the table at `path`, each
+    group one transaction, with the connection settings of the loop's own."""
+    from store.sqlite import _apply, _connect
+
+    if not groups:
+        raise RuntimeError("no commit of the pass was recorded: has the writer's apply or commit changed?")
+    db = _connect(str(path), timeout=0)
+    try:
+        db.execute("PRAGMA wal_autocheckpoint=0")
+        start = now()
+        for group in groups:
+            db.execute("BEGIN IMMEDIATE")
+            for changes in group:
+                _apply(db, changes)
+            db.execute("COMMIT")
+        return now() - start
+    finally:
+        db.close()
+
+
+def copy_of(path: Path, to: Path) -> None:
+    with contextlib.closing(sqlite3.connect(path)) as source, contextlib.closing(sqlite3.connect(to)) as copy:
+        source.backup(copy)
+        copy.execute("PRAGMA journal_mode=WAL")
+
+
+async def embedded(sizes: Sizes, tmp: Path) -> list[OnSqlite]:
     return [await _embedded_round(sizes, tmp, r) for r in range(sizes.unlock_rounds)]
 
 
-async def _embedded_round(sizes: Sizes, tmp: Path, r: int) -> float:
+async def _embedded_round(sizes: Sizes, tmp: Path, r: int) -> OnSqlite:
     from store.sqlite import SqliteTable
 
     data_dir = tmp / f"unlock-{r}"
@@ -104,13 +166,17 @@ async def _embedded_round(sizes: Sizes, tmp: Path, r: int) -> float:
     table = SqliteTable(data_dir / "table.sqlite3")
     try:
         capsule_keys = await seed(table, sizes.unlock_capsules)
+        copy_of(data_dir / "table.sqlite3", data_dir / "alone.sqlite3")
+        commits = Commits(table)
         elapsed, unlocked = await one_pass(table, scheduler_for(table, data_dir), capsule_keys)
         opened = await check(table, capsule_keys)
         if opened != len(capsule_keys):
             raise RuntimeError(f"only {opened} of {len(capsule_keys)} capsules opened")
-        return unlocked / elapsed
     finally:
         await table.close()
+    # The pass's own commits: the check's reads write nothing, and closing commits nothing.
+    alone = written_alone(data_dir / "alone.sqlite3", commits.groups)
+    return OnSqlite(unlocked / elapsed, unlocked / alone)
 
 
 def use_moto_credentials() -> None:
@@ -168,10 +234,14 @@ async def dynamodb(sizes: Sizes, tmp: Path) -> OnDynamo:
 
 async def run(sizes: Sizes, tmp: Path) -> list[Row]:
     with under_the_servers_collector():
-        rates = await embedded(sizes, tmp)
+        rounds = await embedded(sizes, tmp)
         on = await dynamodb(sizes, tmp)
-    stats = Stats.of(rates)
+    stats = Stats.of([r.capsules_per_second for r in rounds])
     m, s = stats.fmt(" capsules/s", 0)
+    alone_m, alone_s = Stats.of([r.alone_per_second for r in rounds]).fmt(" capsules/s", 0)
+    share_m, share_s = ratio_stats(
+        [r.capsules_per_second for r in rounds], [r.alone_per_second for r in rounds]
+    ).fmt("", 2)
     rows: list[Row] = [
         Row(
             SECTION,
@@ -181,7 +251,19 @@ async def run(sizes: Sizes, tmp: Path) -> list[Row]:
             "",
             "≥ 2,000 capsules/s",
             verdict(stats.median >= 2000),
-        )
+        ),
+        Row(
+            SECTION,
+            "  SQLite alone writing the pass's rows, in its commits (no reads, no logic)",
+            alone_m,
+            alone_s,
+        ),
+        Row(
+            SECTION,
+            "  embedded store / SQLite alone (the pass's share that is SQLite's writing)",
+            share_m,
+            share_s,
+        ),
     ]
     detail = ", ".join(f"{k} {v}" for k, v in sorted(on.calls.items()))
     rows += [

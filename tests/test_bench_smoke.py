@@ -49,6 +49,8 @@ MEASURES_STARTING: dict[int, tuple[str, ...]] = {
     ),
     4: (
         "embedded store:",
+        "  SQLite alone writing the pass's rows",
+        "  embedded store / SQLite alone",
         "DynamoDB (moto_server)",
         "  write units per capsule",
         "  the server's CPU per capsule on DynamoDB",
