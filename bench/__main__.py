@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import hashlib
 import platform
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -127,7 +130,49 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def machine(sizes: Sizes, mode: str, seconds: float) -> str:
+# The pace probe's sizes: under a second each on a 2-CPU machine of 2026.
+PACE_ADDITIONS = 20_000_000
+PACE_COMMITS, PACE_ROWS_PER_COMMIT = 40, 500
+
+
+def pace(tmp: Path) -> str:
+    """How fast this machine runs what the sections spend most on, timed
+    before them: Python (a loop of additions) and SQLite (rows of 400 bytes at
+    scattered keys, written in commits to a WAL file), each the best of three.
+    The absolute figures (milliseconds, capsules per second) move with the
+    machine, even between machines of one name; these say by how much."""
+    loops = []
+    for _ in range(3):
+        start = time.perf_counter()
+        total = 0
+        for n in range(PACE_ADDITIONS):
+            total += n
+        loops.append(time.perf_counter() - start)
+    rows = [
+        (hashlib.sha256(str(n).encode()).hexdigest(), "x" * 400)
+        for n in range(PACE_COMMITS * PACE_ROWS_PER_COMMIT)
+    ]
+    writes = []
+    for attempt in range(3):
+        path = tmp / f"pace-{attempt}.sqlite3"
+        with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("CREATE TABLE items (key TEXT PRIMARY KEY, body TEXT) WITHOUT ROWID")
+            start = time.perf_counter()
+            for c in range(0, len(rows), PACE_ROWS_PER_COMMIT):
+                db.execute("BEGIN IMMEDIATE")
+                db.executemany("INSERT INTO items VALUES (?, ?)", rows[c : c + PACE_ROWS_PER_COMMIT])
+                db.execute("COMMIT")
+            writes.append(time.perf_counter() - start)
+    return (
+        f"- Pace of this machine (best of 3, before the sections): Python, {PACE_ADDITIONS:,} additions"
+        f" in a loop, {min(loops):.2f} s; SQLite, {len(rows):,} rows of 400 bytes at scattered keys"
+        f" in {PACE_COMMITS} commits (WAL), {min(writes):.2f} s"
+    )
+
+
+def machine(sizes: Sizes, mode: str, seconds: float, measured_pace: str) -> str:
     wrk = shutil.which("wrk")
     wrk_version = ""
     if wrk:
@@ -146,6 +191,7 @@ def machine(sizes: Sizes, mode: str, seconds: float) -> str:
         [
             f"- Run: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, mode `{mode}`, {seconds:.0f} s in all",
             f"- Machine: {cpu_count()} CPUs ({cpu_model}), {platform.system()} {platform.release()}",
+            measured_pace,
             f"- Python {platform.python_version()} ({platform.python_implementation()})",
             f"- Libraries: {libs}",
             f"- Load generator: {wrk_version or 'wrk not found'}",
@@ -169,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else FULL
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mifamilias-bench-") as tmp:
+        measured_pace = pace(Path(tmp))
         rows = run_sections(sizes, Path(tmp), only, cases=args.cases)
     rendered = table(rows)
     print(rendered)
@@ -179,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         "Written by `./dev bench` (bench/__main__.py); do not edit by hand: the analysis lives in",
         "bench/NOTES.md and is copied below the table.",
         "",
-        machine(sizes, "quick" if args.quick else "full", time.monotonic() - started),
+        machine(sizes, "quick" if args.quick else "full", time.monotonic() - started, measured_pace),
         "",
         rendered,
         "",

@@ -4,12 +4,13 @@ that parallel workers share them out."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 
-from bench.__main__ import SECTIONS, run_sections, table
+from bench.__main__ import SECTIONS, pace, run_sections, table
 from bench.common import TINY
 from bench.push import NETWORK_DELAY_MS
 
@@ -91,3 +92,9 @@ def test_each_section_reports_its_rows(section: int, tmp_path: Path) -> None:
         assert opened.median == "yes"
     assert not [row for row in rows if row.median == "not measured"]
     assert table(rows).count("\n") == len(rows) + 1
+
+
+def test_the_machines_pace_is_measured(tmp_path: Path) -> None:
+    line = pace(tmp_path)
+    seconds = [float(found) for found in re.findall(r", ([0-9.]+) s(?:;|$)", line)]
+    assert len(seconds) == 2 and all(s > 0 for s in seconds), line
