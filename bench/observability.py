@@ -47,7 +47,7 @@ from bench.common import (
     verdict,
 )
 from bench.http import lua_script, parse_wrk, post, wrk, wrk_output
-from bench.processes import LOAD_CPU, Server, graphql_server, pinned
+from bench.processes import LOAD_CPU, Server, cpu_seconds, graphql_server, pinned
 from tests.typical_calls import FEED_QUERY
 
 SECTION = "7. Observability cost (uvicorn, 1 core; wrk on the other)"
@@ -62,12 +62,6 @@ BASELINE = "metrics off, tracing off"
 METRICS_TARGET = 0.95  # metrics may cost at most 5% of throughput
 # A traced feed answers slowly under 16 connections: wait for it rather than count it failed.
 TIMEOUT = 30.0
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system time of the process, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measured(server: Server, url: str, script: Path, sizes: Sizes) -> tuple[float, float]:

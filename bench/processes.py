@@ -15,6 +15,15 @@ LOAD_CPU = "1"
 SERVER_CPU = "0"
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU time so far, user and system, all its threads: what a
+    load cost it, whatever else the machine ran beside it. In clock ticks (10
+    ms): enough for a load of seconds; section 8 reads its threads' schedstat
+    to the nanosecond (`bench.scaleout.thread_cpu`) and falls back to this."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # the name may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_count() -> int:
     import os
 

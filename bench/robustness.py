@@ -33,7 +33,7 @@ import httpx
 
 from bench.common import ROOT, Row, Sizes, server_env, token, verdict
 from bench.fanout import Clients
-from bench.processes import LOAD_CPU, graphql_server, pinned
+from bench.processes import LOAD_CPU, cpu_seconds, graphql_server, pinned
 from tests.api.test_limits import amplification, bypass
 
 SECTION = "6. Robustness"
@@ -64,13 +64,6 @@ class Probe:
         found = json.loads(self.proc.stdout.readline())
         self.proc.wait(timeout=30)
         return list(found["latencies"]), int(found["failures"])
-
-
-def cpu_seconds(pid: int) -> float:
-    """The process's CPU time so far (user and system): what a load cost it,
-    whatever else the machine was running beside it."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def percentile(values: list[float], p: float) -> float:

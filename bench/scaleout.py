@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.common import Row, Sizes, Stats, server_env, token, verdict
 from bench.fanout import Clients
-from bench.processes import Server, graphql_server
+from bench.processes import Server, cpu_seconds, graphql_server
 from tests.factories import capsule_rows, family_rows
 
 SECTION = "8. Scale-out"
@@ -68,11 +68,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
     for tid in os.listdir(f"/proc/{pid}/task"):
         with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile, or no schedstat
             spent[tid] = int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
-    if spent:
-        return spent
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()  # the name may hold spaces
-    return {"all": (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")}
+    return spent or {"all": cpu_seconds(pid)}
 
 
 def cpu_between(before: dict[str, float], after: dict[str, float]) -> float:
