@@ -6,8 +6,8 @@ per capsule on DynamoDB (moto_server), counted through CountingTable.
 The embedded store's baseline, from the same round: SQLite alone writing the
 rows the pass wrote, in the same commits, into a copy of the table as it was
 before the pass (no reads, no conditions, no Python of ours). Capsules per
-second depend on the machine; the share of a pass that is SQLite's own writing
-does much less, so the two together tell a slower machine from slower code."""
+second depend on the machine; the baseline, from the same machine and round,
+says how much of a pass is SQLite's own writing and how much is ours."""
 
 from __future__ import annotations
 
