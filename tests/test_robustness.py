@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -23,7 +24,7 @@ from resolvers.core.auth import mint_token
 from store import keys
 from store.items import iso
 from store.port import Update
-from tests import media_factory
+from tests import leftovers, media_factory
 from tests.servers import (
     SECRET,
     RedisProcess,
@@ -359,6 +360,17 @@ async def _exited(server: ServerProcess) -> None:
     await until(gone, f"{server.name} to exit", seconds=60)
 
 
+async def _pause_the_video_conversion(server_pid: int) -> None:
+    """Stops (SIGSTOP) the server's ffmpeg converting a video, once it runs: its
+    work cannot finish until the server's stop kills it."""
+
+    def converting() -> list[int]:
+        return [p.pid for p in leftovers.descendants(server_pid) if "libx264" in p.command]
+
+    for pid in await until(converting, "ffmpeg to convert the video", interval=0.02):
+        os.kill(pid, signal.SIGSTOP)
+
+
 async def test_a_worker_stopped_mid_transcode_hands_its_lease_back(
     engine: dict[str, str], tmp_path: Path, long_video: Path
 ) -> None:
@@ -376,9 +388,12 @@ async def test_a_worker_stopped_mid_transcode_hands_its_lease_back(
             return status == "TRANSCODING"
 
         await until(transcoding, "the transcode to start")
+        assert first.process is not None
+        # The transcode takes about a second, less than a server's start on a busy
+        # machine: paused, it is still under way whenever the stop comes.
+        await _pause_the_video_conversion(first.process.pid)
         # Started now, the second process finds the content claimed by the first.
         second = ServerProcess(tmp_path / "data", env, name="second").start()
-        assert first.process is not None
         first.process.send_signal(signal.SIGTERM)
         await _exited(first)
         assert f"pipeline: handed back {keys.content(content_id)[0]}" in first.log()
