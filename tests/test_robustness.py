@@ -269,6 +269,19 @@ def long_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return media_factory.make_video_with_tone(tmp_path_factory.mktemp("video"), size=(640, 360), seconds=30)
 
 
+async def _pause_the_video_conversion(server_pid: int) -> list[int]:
+    """Stops (SIGSTOP) the server's ffmpeg converting a video, once it runs, so
+    that its work cannot finish until it is killed or resumed; its pids."""
+
+    def converting() -> list[int]:
+        return [p.pid for p in leftovers.descendants(server_pid) if "libx264" in p.command]
+
+    paused: list[int] = await until(converting, "ffmpeg to convert the video", interval=0.02)
+    for pid in paused:
+        os.kill(pid, signal.SIGSTOP)
+    return paused
+
+
 async def _killed_mid_transcode(
     engine: dict[str, str], tmp_path: Path, video: Path, lease_seconds: int = 3
 ) -> str:
@@ -284,7 +297,14 @@ async def _killed_mid_transcode(
             return status == "TRANSCODING"
 
         await until(transcoding, "the transcode to start")
+        assert first.process is not None
+        # Paused, the transcode (about a second) cannot finish before the kill
+        # however busy the machine; resumed, it runs on orphaned as after a crash.
+        paused = await _pause_the_video_conversion(first.process.pid)
         first.kill()
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
     finally:
         first.stop()
     return content_id
@@ -358,17 +378,6 @@ async def _exited(server: ServerProcess) -> None:
         return process.poll() is not None
 
     await until(gone, f"{server.name} to exit", seconds=60)
-
-
-async def _pause_the_video_conversion(server_pid: int) -> None:
-    """Stops (SIGSTOP) the server's ffmpeg converting a video, once it runs: its
-    work cannot finish until the server's stop kills it."""
-
-    def converting() -> list[int]:
-        return [p.pid for p in leftovers.descendants(server_pid) if "libx264" in p.command]
-
-    for pid in await until(converting, "ffmpeg to convert the video", interval=0.02):
-        os.kill(pid, signal.SIGSTOP)
 
 
 async def test_a_worker_stopped_mid_transcode_hands_its_lease_back(
