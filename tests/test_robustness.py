@@ -264,8 +264,9 @@ async def _status(server: ServerProcess, content_id: str) -> str:
 
 @pytest.fixture(scope="module")
 def long_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A video whose transcode lasts long enough to be caught in the middle
-    (seconds of x264 work at 640×360), made once for the module's tests."""
+    """A video whose transcode is under way when its status reads TRANSCODING
+    (about a second of x264 work at 640×360, which the tests pause to hold it
+    there), made once for the module's tests."""
     return media_factory.make_video_with_tone(tmp_path_factory.mktemp("video"), size=(640, 360), seconds=30)
 
 
