@@ -270,12 +270,18 @@ def long_video(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return media_factory.make_video_with_tone(tmp_path_factory.mktemp("video"), size=(640, 360), seconds=30)
 
 
-async def _pause_the_video_conversion(server_pid: int) -> list[int]:
-    """Stops (SIGSTOP) the server's ffmpeg converting a video, once it runs, so
-    that its work cannot finish until it is killed or resumed; its pids."""
+async def _pause_the_video_conversion(server: ServerProcess, content_id: str) -> list[int]:
+    """Stops (SIGSTOP) the server's ffmpeg converting the content's video, once
+    it runs, so that its work cannot finish until it is killed or resumed; its pids."""
+    assert server.process is not None
+    server_pid = server.process.pid
 
-    def converting() -> list[int]:
-        return [p.pid for p in leftovers.descendants(server_pid) if "libx264" in p.command]
+    async def converting() -> list[int]:
+        found = [p.pid for p in leftovers.descendants(server_pid) if "libx264" in p.command]
+        if not found:  # not started yet, or (the test cannot hold it then) done already
+            status = await _status(server, content_id)
+            assert status == "TRANSCODING", f"the transcode ended before it could be paused: {status}"
+        return found
 
     paused: list[int] = await until(converting, "ffmpeg to convert the video", interval=0.02)
     for pid in paused:
@@ -298,10 +304,9 @@ async def _killed_mid_transcode(
             return status == "TRANSCODING"
 
         await until(transcoding, "the transcode to start")
-        assert first.process is not None
         # Paused, the transcode (about a second) cannot finish before the kill
         # however busy the machine; resumed, it runs on orphaned as after a crash.
-        paused = await _pause_the_video_conversion(first.process.pid)
+        paused = await _pause_the_video_conversion(first, content_id)
         first.kill()
         for pid in paused:
             with contextlib.suppress(ProcessLookupError):
@@ -401,7 +406,7 @@ async def test_a_worker_stopped_mid_transcode_hands_its_lease_back(
         assert first.process is not None
         # The transcode takes about a second, less than a server's start on a busy
         # machine: paused, it is still under way whenever the stop comes.
-        await _pause_the_video_conversion(first.process.pid)
+        await _pause_the_video_conversion(first, content_id)
         # Started now, the second process finds the content claimed by the first.
         second = ServerProcess(tmp_path / "data", env, name="second").start()
         first.process.send_signal(signal.SIGTERM)
