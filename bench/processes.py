@@ -25,8 +25,6 @@ def cpu_seconds(pid: int) -> float:
 
 
 def cpu_count() -> int:
-    import os
-
     return len(os.sched_getaffinity(0))
 
 
