@@ -22,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench import profiled as profile
 from bench.common import Row, Sizes, Stats, server_env, token, verdict
 from bench.fanout import Clients
 from bench.processes import Server, cpu_seconds, graphql_server
@@ -153,6 +154,9 @@ def run_config(sizes: Sizes, tmp: Path, processes: int, redis_url: str) -> Resul
     env = server_env(
         data_dir, MIFAMILIAS_REDIS_URL=redis_url, MIFAMILIAS_UNLOCK_POLL_SECONDS=str(POLL_SECONDS)
     )
+    # Under the profiler, the counted rounds' windows alone: neither the
+    # start-up and the subscribing, nor the probes between rounds.
+    env[profile.WINDOWS] = "1"
     servers = [graphql_server(env, tmp) for _ in range(processes)]
     result = Result(processes)
     clients: list[Clients] = []
@@ -176,18 +180,25 @@ def run_config(sizes: Sizes, tmp: Path, processes: int, redis_url: str) -> Resul
         for group in clients:
             group.wait_ready()
         pids = [server.process.pid for server in servers if server.process is not None]
+        profiled = bool(os.environ.get("MIFAMILIAS_BENCH_PROFILE"))
         delivered = 0
         # A first round that is not counted: the first unlock after start-up pays
         # for imports, caches and the first Redis round trips.
         for r in range(sizes.scaleout_rounds + 1):
             counters = [unlocked_counter(server) for server in servers]
             cpu = [thread_cpu(pid) for pid in pids]
+            if profiled and r > 0:
+                for pid in pids:
+                    profile.resume(pid)
             due = datetime.now(UTC) + timedelta(seconds=LEAD_SECONDS)
             ids = asyncio.run(seed_round(data_dir, family, creator, people, capsules, due, f"r{r}"))
             delivered += members
             arrived = wait_for(clients, delivered, due.timestamp() + DEADLINE_SECONDS)
             # The CPU before the counters: a /metrics page is the bench's probe,
             # not the round's work (the opening read is taken before the CPU, too).
+            if profiled:
+                for pid in pids:
+                    profile.pause(pid)
             spent = [cpu_between(before, thread_cpu(pid)) for pid, before in zip(pids, cpu, strict=True)]
             opened = [unlocked_counter(s) - before for s, before in zip(servers, counters, strict=True)]
             if r > 0:
