@@ -1,17 +1,22 @@
 """The benchmark runs end to end on tiny sizes and reports every section's rows.
 No timing is asserted: the benchmark is not a test. One test per section, so
-that parallel workers share them out."""
+that parallel workers share them out. Its profiler counts what a section asks."""
 
 from __future__ import annotations
 
+import os
+import pstats
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from bench import profiled
 from bench.__main__ import SECTIONS, pace, run_sections, table
-from bench.common import TINY
+from bench.common import ROOT, TINY
 from bench.push import NETWORK_DELAY_MS
 
 SLOW_READERS, NORMAL_READERS = TINY.slow_readers, TINY.normal_readers
@@ -98,3 +103,34 @@ def test_the_machines_pace_is_measured(tmp_path: Path) -> None:
     line = pace(tmp_path)
     seconds = [float(found) for found in re.findall(r", ([0-9.]+) s(?:;|$)", line)]
     assert len(seconds) == 2 and all(s > 0 for s in seconds), line
+
+
+WINDOWED = """
+import os, signal
+
+def before(): return sum(range(1000))
+def inside(): return sum(range(1000))
+def after(): return sum(range(1000))
+
+before()
+os.kill(os.getpid(), signal.SIGUSR1)
+inside()
+os.kill(os.getpid(), signal.SIGUSR2)
+after()
+"""
+
+
+@pytest.mark.parametrize("windows", [True, False])
+def test_a_profiled_process_counts_its_windows_alone_when_asked(windows: bool, tmp_path: Path) -> None:
+    script, out = tmp_path / "windowed.py", tmp_path / "windowed.prof"
+    script.write_text(WINDOWED)
+    env = {k: v for k, v in os.environ.items() if k != profiled.WINDOWS}
+    if windows:
+        env[profiled.WINDOWS] = "1"
+    subprocess.run(
+        [sys.executable, "-m", "bench.profiled", str(out), str(script)], env=env, cwd=ROOT, check=True
+    )
+    counted = {name for _, _, name in pstats.Stats(str(out)).stats}  # type: ignore[attr-defined]
+    # Paused and resumed either way; with `WINDOWS` it starts paused.
+    assert "inside" in counted and "after" not in counted
+    assert ("before" in counted) is not windows
