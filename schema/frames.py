@@ -17,6 +17,16 @@ for every subscriber of a class but the one that leads it:
   any event is, and written by its own task (or queued behind what its
   connection is sending).
 
+An opening's turn (`resolvers.processes.live`) sends its subscribers' frames
+itself; there, a class nobody leads yet is led in place: the first
+subscriber's event is executed by its own stream's executor (what graphql-core
+does for each event the stream yields: `execute_subscription_event`), and its
+frame is the class's like the others', instead of the event going back to its
+stream to run the ordinary way. Each process that holds streams for an
+opening leads its classes once, so the ordinary way's cost per event (the
+stream's resume, its result's processing and message) would be paid by every
+process an opening reaches.
+
 The socket's operation is found through `target` (a context variable the
 connection's handler sets for the task it starts for the operation), so a
 transport that does not set it (SSE, multipart, in-process calls) keeps the
@@ -28,15 +38,24 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
-from graphql import ExecutionResult
+from graphql import ExecutionResult, execute_subscription_event
 
 from schema.cost import event_actual_cost
-from schema.multiplex import SHARED, Plan, class_key, plan_for, variables_key
+from schema.multiplex import (
+    SHARED,
+    MultiplexingExecutionContext,
+    Plan,
+    class_key,
+    plan_for,
+    subscribing,
+    variables_key,
+)
 from schema.strawberry_internals import raw_info
 
 # Stands for each subscriber's event id in a class's encoded data.
@@ -45,6 +64,12 @@ _EVENT_ID_ENCODED = orjson.dumps(_EVENT_ID).decode()
 
 # Charges one event to the subscriber's budget: its actual cost, when known.
 Charge = Callable[[int | None], Awaitable[None]]
+# What the subscription's field would yield for an opening, from what the
+# opening's turn decided: (capsule, unlocked at, event id, share, prime), as
+# `resolvers.processes.live.capsules_unlocked` yields them.
+Opening = tuple[Any, str, str, Any, Callable[[], None]]
+# The field's event object (its executions' root value) for an opening.
+EventFor = Callable[[Any, str, str, Any], object]
 
 
 class Socket(Protocol):
@@ -129,7 +154,18 @@ class FrameSink:
     """One subscription operation on a WebSocket whose events may leave as
     their class's shared frame."""
 
-    __slots__ = ("_cost_of", "_counted", "_leading", "_prefix", "_target", "plan", "variables")
+    __slots__ = (
+        "_cost_of",
+        "_counted",
+        "_event_for",
+        "_executed",
+        "_executor",
+        "_leading",
+        "_prefix",
+        "_target",
+        "plan",
+        "variables",
+    )
 
     def __init__(
         self,
@@ -138,12 +174,21 @@ class FrameSink:
         variables: dict[str, Any],
         counted: Callable[[], None],
         cost_of: Callable[[Any], int],
+        *,
+        executed: Callable[[], None] = lambda: None,
+        executor: MultiplexingExecutionContext | None = None,
+        event_for: EventFor | None = None,
     ) -> None:
         self._target = found
         self._cost_of = cost_of  # what an event's data cost
         self.plan = plan
         self.variables = variables_key(variables)
         self._counted = counted  # one frame sent as its class's
+        self._executed = executed  # one event executed for this subscriber
+        # The stream's own executor, and how its events are made: with both,
+        # an opening's turn may lead this subscriber's class in place.
+        self._executor = executor
+        self._event_for = event_for
         operation_id = orjson.dumps(found.operation_id).decode()
         self._prefix = f'{{"id":{operation_id},"type":"{found.message_type}","payload":'
         self._leading: Hashable | None = None
@@ -167,37 +212,64 @@ class FrameSink:
             encoded.actual = self._cost_of(encoded.result.data)
         await charge(encoded.actual)
         found = self._target
-        await self._send(encoded, event_id, found.socket.send_frame)
+        await self._send(encoded, event_id, found.socket.send_frame, self._counted)
         return True
 
-    async def send_shared(self, share: Hashable, event_id: str) -> bool | None:
+    async def send_shared(
+        self, share: Hashable, event_id: str, opening: Opening | None = None
+    ) -> bool | None:
         """`sent` for a caller sending many subscribers' frames in turn (an
         opening's turn, `resolvers.processes.live`), where no budget is charged:
-        it waits for the class's result, never for the client. None when the
-        class has no lead yet (nobody is made one); False when its result is
-        not one to share, or the client is not taking what it was sent (its
-        own task waits for it: `sent`)."""
+        it waits for the class's result, never for the client. A class with no
+        lead yet is led here, from `opening`, when this sink can execute its
+        stream's events; None when it cannot (nobody is made the lead); False
+        when the class's result is not one to share, or the client is not
+        taking what it was sent (its own task waits for it: `sent`)."""
         if self._target.socket.backed_up():
             return False
         key = class_key(self.plan, self.variables, share)
         shared = SHARED.peek(key)
+        executed = False
         if shared is None:
-            return None
+            if opening is None or (shared := self._lead(key, opening)) is None:
+                return None
+            executed = True
         encoded = await self._encoded(key, shared)
         if encoded is None:
             return False
-        await self._send(encoded, event_id, self._target.socket.send_frame_at_once)
+        counted = self._executed if executed else self._counted
+        await self._send(encoded, event_id, self._target.socket.send_frame_at_once, counted)
         return True
 
+    def _lead(self, key: Hashable, opening: Opening) -> asyncio.Future[ExecutionResult | None] | None:
+        """Executes the opening as this subscriber's stream would, which
+        starts its class's shared execution (`SHARED.result`); that result,
+        or None when this sink cannot execute here."""
+        if self._executor is None or self._event_for is None:
+            return None
+        capsule, unlocked_at, event_id, share, prime = opening
+        prime()
+        event = self._event_for(capsule, unlocked_at, event_id, share)
+        answer = execute_subscription_event(self._executor.build_per_event_executor(event))
+        # Its own copy of the result (`MultiplexingExecutionContext._answer`)
+        # is not needed: its frame is the class's, encoded once, like its fellows'.
+        if inspect.iscoroutine(answer):
+            answer.close()
+        return SHARED.peek(key)
+
     async def _send(
-        self, encoded: Encoded, event_id: str | None, send: Callable[[str], Awaitable[None]]
+        self,
+        encoded: Encoded,
+        event_id: str | None,
+        send: Callable[[str], Awaitable[None]],
+        counted: Callable[[], None],
     ) -> None:
         """The class's frame with this operation's ids, unless it stopped
         meanwhile (nobody to send it to); counted either way."""
         found = self._target
         if found.socket.live(found.operation_id):
             await send(self._prefix + encoded.payload(event_id) + "}")
-        self._counted()
+        counted()
 
     async def _encoded(self, key: Hashable, shared: asyncio.Future[ExecutionResult | None]) -> Encoded | None:
         """The class's result encoded, or None when each must run its own."""
@@ -219,10 +291,11 @@ class FrameSink:
             self._leading = None
 
 
-def sink_for(info: Any) -> FrameSink | None:
+def sink_for(info: Any, event_for: EventFor | None = None) -> FrameSink | None:
     """The frame sink of the subscription `info` resolves, or None when its
     events must take the ordinary path (not on a WebSocket, or a document
-    `schema.multiplex` does not share)."""
+    `schema.multiplex` does not share). With `event_for`, how the field makes
+    its event for an opening, the sink may lead its class in an opening's turn."""
     found = target.get()
     if found is None:
         return None
@@ -233,5 +306,17 @@ def sink_for(info: Any) -> FrameSink | None:
     # A dict of coerced values where the source stream is created; graphql-core's
     # `VariableValues` (the same values, `.coerced`) where an event executes.
     variables: Any = raw.variable_values
-    counted = functools.partial(info.context.services.metrics.shared_frame, info.field_name)
-    return FrameSink(found, plan, getattr(variables, "coerced", variables), counted, event_actual_cost(info))
+    metrics = info.context.services.metrics
+    executor = subscribing.get()
+    if executor is None or executor.operation is not raw.operation:
+        executor = None  # not the executor of this operation: its events run the ordinary way
+    return FrameSink(
+        found,
+        plan,
+        getattr(variables, "coerced", variables),
+        functools.partial(metrics.shared_frame, info.field_name),
+        event_actual_cost(info),
+        executed=functools.partial(metrics.executed, info.field_name),
+        executor=executor,
+        event_for=event_for,
+    )

@@ -29,6 +29,7 @@ import functools
 import json
 import time
 from collections.abc import Awaitable, Callable, Hashable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -276,9 +277,22 @@ def _copy_for(result: ExecutionResult, plan: Plan, event_id: str | None) -> Exec
     return ExecutionResult(data={**data, plan.root: event}, errors=result.errors)
 
 
+# The executor of the subscription whose source stream is being created, in
+# the task that creates it: the subscription field's resolver runs there and
+# keeps it (`schema.frames.sink_for`), so that an event its stream would
+# execute can be executed, exactly so, where the event is decided.
+subscribing: ContextVar[MultiplexingExecutionContext | None] = ContextVar("subscribing", default=None)
+
+
 class MultiplexingExecutionContext(GuardedExecutionContext):
     """The guarded execution context, which shares a subscription event's
     execution between the subscribers `SHARED` finds alike."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Per-event executors are copies (`build_per_event_executor`), never built.
+        if self.operation.operation == OperationType.SUBSCRIPTION:
+            subscribing.set(self)
 
     def execute_operation(self, serially: bool | None = None) -> Any:
         share = getattr(self.root_value, "share", None)

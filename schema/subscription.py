@@ -13,6 +13,7 @@ from schema.common import Info, when
 from schema.content import Content
 from schema.cost import event_cost
 from schema.notification import Notification
+from store.items import Capsule as CapsuleRecord
 
 # Each resolver holds one of the viewer's subscription slots before anything is
 # subscribed (a refusal is the operation's first answer: an `error` message on
@@ -40,6 +41,16 @@ async def sent(
     return sink is not None and await sink.sent(share, event_id, charge)
 
 
+def opened_event(
+    capsule: CapsuleRecord, unlocked_at: str, event_id: str, share: live.Share | None
+) -> CapsuleUnlockedEvent:
+    """The event `capsuleUnlocked` yields for an opening: its executions' root
+    value, where its stream yields it or where an opening's turn leads its class."""
+    return CapsuleUnlockedEvent(
+        id=strawberry.ID(event_id), capsule=Capsule(item=capsule), unlocked_at=when(unlocked_at), share=share
+    )
+
+
 @strawberry.type
 class Subscription:
     @strawberry.subscription(
@@ -53,7 +64,7 @@ class Subscription:
         cost = event_cost(info)
         most = live.replay_bound(cost, info.context.services.settings.max_query_cost)
 
-        sink = frames.sink_for(info)
+        sink = frames.sink_for(info, opened_event)
 
         async def events(charge: live.Charge) -> AsyncIterator[CapsuleUnlockedEvent]:
             stream = live.capsules_unlocked(
@@ -69,12 +80,7 @@ class Subscription:
                         continue
                     prime()
                     try:
-                        yield CapsuleUnlockedEvent(
-                            id=strawberry.ID(event_id),
-                            capsule=Capsule(item=capsule),
-                            unlocked_at=when(unlocked_at),
-                            share=share,
-                        )
+                        yield opened_event(capsule, unlocked_at, event_id, share)
                     finally:
                         if sink is not None:
                             sink.done()

@@ -558,14 +558,21 @@ def _capsule_event(note: Notification) -> dict[str, object]:
     return {"kind": "capsule", "capsuleId": note.capsule_id, "unlockedAt": note.created_at}
 
 
+# A capsule's opening as `capsules_unlocked` yields it to one subscriber:
+# (capsule, unlocked at, event id, share, prime).
+Yielded = tuple[Capsule, str, str, Share | None, Callable[[], None]]
+
+
 class ClassFrames(Protocol):
     """How a subscriber's event leaves as its class's frame, encoded once
     (`schema.frames`): the class is what `Share` and the document make it."""
 
-    async def send_shared(self, share: Share, event_id: str) -> bool | None:
+    async def send_shared(self, share: Share, event_id: str, opening: Yielded | None = None) -> bool | None:
         """Sends the class's frame with this subscriber's ids, waiting for the
-        class's result but never for the client. None when the class has no
-        lead yet; False when the event must take the subscriber's ordinary way."""
+        class's result but never for the client. A class with no lead yet is
+        led from `opening` (what the stream would yield) when the frames can
+        execute it; None when they cannot; False when the event must take the
+        subscriber's ordinary way."""
         ...
 
 
@@ -581,9 +588,11 @@ class _Opening:
     opening woke it, in one turn: the opening is read once, and each
     subscriber's part is decided from that read and sent as its class's frame
     by this turn's task, in order, a slice at a time, without waking the
-    thousand streams. Whatever a subscriber's part cannot be done here (it
-    leads its class, or the class's result is not one to share) goes back to
-    its own stream, first in its inbox: the ordinary way."""
+    thousand streams; the first subscriber of a class nobody leads yet leads
+    it here, when its frames can execute its event. Whatever a subscriber's
+    part cannot be done here (its class's lead must run the ordinary way, or
+    the class's result is not one to share) goes back to its own stream,
+    first in its inbox: the ordinary way."""
 
     def __init__(self, ctx: Context, key: tuple[str, str, str]) -> None:
         self.key = key
@@ -629,10 +638,10 @@ _FAILED: Any = object()
 class _OpeningReceiver:
     """A capsuleUnlocked stream's part in an `_Opening`: what its own loop does
     for a live opening (the read rule, the seen ids, its place), done from the
-    opening's turn. Its event is not charged to the stream's budget: an
-    opening is executed once for all its recipients, a charge would be a write
-    per person in one turn, and what openings there are is bounded by their
-    creators' own capsule limit."""
+    opening's turn. Its event is not charged to the stream's budget, nor is a
+    class's lead when it is led here: an opening is executed once a class for
+    all its recipients, a charge would be a write per person in one turn, and
+    what openings there are is bounded by their creators' own capsule limit."""
 
     __slots__ = ("ctx", "frames", "place", "seen", "viewer")
 
@@ -674,16 +683,26 @@ class _OpeningReceiver:
                 given_back = None
                 return False
             event_id = notifications.public_id(told) if told is not None else raw_id
-            sent = await self.frames.send_shared(opened.share, event_id)
+            unlocked_at = str(event["unlockedAt"])
+            prime = functools.partial(_primed, self.ctx, opened)
+            opening = (opened.capsule, unlocked_at, event_id, opened.share, prime)
+            sent = await self.frames.send_shared(opened.share, event_id, opening)
             if sent is None:
                 return True  # its own stream leads the class
             if sent:
                 given_back = None
                 self.seen.first_time(raw_id)
-                self.place.passed(str(event["unlockedAt"]), raw_id)
+                self.place.passed(unlocked_at, raw_id)
             return False
         finally:
             inbox.release(given_back)
+
+
+def _primed(ctx: Context, opened: Opened) -> None:
+    """The subscriber's loaders, fresh, holding what the opening read for
+    everyone: as its stream readies them before its event is executed."""
+    _refresh(ctx)
+    opened.prime(ctx)
 
 
 async def capsules_unlocked(
@@ -692,7 +711,7 @@ async def capsules_unlocked(
     most: int = REPLAY_LIMIT,
     frames: ClassFrames | None = None,
     received: Sequence[str] = (),
-) -> AsyncGenerator[tuple[Capsule, str, str, Share | None, Callable[[], None]], None]:
+) -> AsyncGenerator[Yielded, None]:
     """(capsule, unlocked at, event id, share, prime) for every capsule the
     viewer may read as it opens; with `after`, first those that opened since
     that event. The event id is the public id of the viewer's notification of

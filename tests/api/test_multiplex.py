@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -332,16 +333,17 @@ async def opening_streams(
 
 
 class ClassFramesSeen:
-    """Stands for each subscriber's WebSocket frames (`schema.frames`): the
-    first to ask about a class is told it has no lead (so it leads, the
-    ordinary way), the others that it has; each frame sent is noted."""
+    """Stands for each subscriber's WebSocket frames (`schema.frames`) where
+    they cannot execute an event themselves: the first to ask about a class is
+    told it has no lead (so it leads, the ordinary way), the others that it
+    has; each frame sent is noted."""
 
     def __init__(self, viewer: str, asked: set[Any], sent: list[tuple[str, str]]) -> None:
         self.viewer = viewer
         self.asked = asked
         self.sent = sent
 
-    async def send_shared(self, share: Any, event_id: str) -> bool | None:
+    async def send_shared(self, share: Any, event_id: str, opening: Any = None) -> bool | None:
         if share not in self.asked:
             self.asked.add(share)
             return None
@@ -356,11 +358,11 @@ class FirstWriteFails(ClassFramesSeen):
         super().__init__(viewer, asked, sent)
         self.failed = failed
 
-    async def send_shared(self, share: Any, event_id: str) -> bool | None:
+    async def send_shared(self, share: Any, event_id: str, opening: Any = None) -> bool | None:
         if share in self.asked and not self.failed:
             self.failed.append(self.viewer)
             raise RuntimeError("the socket failed")
-        return await super().send_shared(share, event_id)
+        return await super().send_shared(share, event_id, opening)
 
 
 async def test_an_opening_is_sent_in_one_turn_to_every_waiting_subscriber_but_its_lead(api: Api) -> None:
@@ -432,6 +434,82 @@ async def test_a_frame_the_turn_cannot_send_goes_back_to_its_own_stream(api: Api
         led = [viewer for viewer, task in pending.items() if task.done() and viewer != failing]
         assert len(led) == 1 and len(sent) == 1
         assert sorted([*led, failing, sent[0][0]]) == recipients
+
+
+class SocketSeen:
+    """A WebSocket that takes every frame at once, noting it (`frames.Socket`)."""
+
+    def __init__(self) -> None:
+        self.frames: list[dict[str, Any]] = []
+
+    def live(self, operation_id: str) -> bool:
+        return True
+
+    async def send_frame(self, frame: str) -> None:
+        self.frames.append(json.loads(frame))
+
+    async def send_frame_at_once(self, frame: str) -> None:
+        self.frames.append(json.loads(frame))
+
+    def backed_up(self) -> bool:
+        return False
+
+    async def room(self) -> bool:
+        return True
+
+
+async def test_an_opening_leads_each_class_in_its_turn_and_sends_every_frame_from_it(api: Api) -> None:
+    """On WebSockets, the opening's turn leads a class nobody leads yet with
+    the first subscriber's own stream executor: every subscriber's answer,
+    the leads' too, leaves as a frame from the turn, one execution a class,
+    and no stream is given the event back; each answer is what an ordinary
+    execution answers that subscriber."""
+    from schema import frames
+
+    family_id = await family_with_members(api, "ana", ["ben", "cy", "dee"])
+    recipients = ["ben", "cy", "dee"]
+    users = ["ana", *recipients]
+    ordinary = await events_for(api, SHARED_DOC, users, family_id, recipients)
+    capsule_id = await opened_capsule(api, family_id, recipients)
+    sockets = {user: SocketSeen() for user in users}
+    async with contextlib.AsyncExitStack() as stack:
+        pending = {}
+        for user in users:
+            events = await stack.enter_async_context(stream(api, SHARED_DOC, user))
+            # The connection's handler sets the target in the task it starts for the operation.
+            frames.target.set(frames.Target(sockets[user], f"op-{user}", "next"))
+            pending[user] = asyncio.ensure_future(events.__anext__())
+            frames.target.set(None)
+        stack.push_async_callback(stopped, pending)
+        await listening(api, users)
+        before = SHARED.executions
+        api.clock.advance(minutes=6)
+        assert (await api.services.scheduler.run_once()).unlocked == 1
+        await until(lambda: all(s.frames for s in sockets.values()), lambda: "a frame each", interval=0)
+        # ana (the creator) is a class of her own; ben, cy and dee are one.
+        assert SHARED.executions - before == 2
+        assert not [user for user, task in pending.items() if task.done()]
+    notes = {}
+    for user in recipients:
+        found = await api.ok("{ notifications { edges { node { id capsule { id } } } } }", as_=user)
+        notes[user] = {e["node"]["capsule"]["id"]: e["node"]["id"] for e in found["notifications"]["edges"]}
+    for user, socket in sockets.items():
+        [frame] = socket.frames
+        assert frame["id"] == f"op-{user}" and frame["type"] == "next"
+        event = frame["payload"]["data"]["capsuleUnlocked"]
+        assert event["capsule"]["id"] == capsule_id
+        if user in notes:
+            assert event["id"] == notes[user][capsule_id]
+        # The same answer as the capsule opened before, run the ordinary way, but for its own ids and dates.
+        alike = {**ordinary[user], "id": event["id"], "unlockedAt": event["unlockedAt"]}
+        own_ids = {k: event["capsule"][k] for k in ("id", "unlockDate")}
+        content = {k: event["capsule"]["content"][k] for k in ("id", "createdAt", "capturedAt")}
+        alike["capsule"] = {
+            **ordinary[user]["capsule"],
+            **own_ids,
+            "content": {**ordinary[user]["capsule"]["content"], **content},
+        }
+        assert without_urls(event) == without_urls(alike)
 
 
 VIEW = "mutation($id: ID!) { markContentViewed(contentId: $id) { status } }"
