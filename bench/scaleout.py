@@ -156,7 +156,9 @@ def run_config(sizes: Sizes, tmp: Path, processes: int, redis_url: str) -> Resul
     )
     # Under the profiler, the counted rounds' windows alone: neither the
     # start-up and the subscribing, nor the probes between rounds.
-    env[profile.WINDOWS] = "1"
+    profiled = bool(os.environ.get("MIFAMILIAS_BENCH_PROFILE"))
+    if profiled:
+        env[profile.WINDOWS] = "1"
     servers = [graphql_server(env, tmp) for _ in range(processes)]
     result = Result(processes)
     clients: list[Clients] = []
@@ -180,7 +182,6 @@ def run_config(sizes: Sizes, tmp: Path, processes: int, redis_url: str) -> Resul
         for group in clients:
             group.wait_ready()
         pids = [server.process.pid for server in servers if server.process is not None]
-        profiled = bool(os.environ.get("MIFAMILIAS_BENCH_PROFILE"))
         delivered = 0
         # A first round that is not counted: the first unlock after start-up pays
         # for imports, caches and the first Redis round trips.

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import orjson
 from graphql import ExecutionResult, execute_subscription_event
 
+from resolvers.processes.live import Share, Yielded
 from schema.cost import event_actual_cost
 from schema.multiplex import (
     SHARED,
@@ -57,6 +58,7 @@ from schema.multiplex import (
     variables_key,
 )
 from schema.strawberry_internals import raw_info
+from store.items import Capsule
 
 # Stands for each subscriber's event id in a class's encoded data.
 _EVENT_ID = "\x00mifamilias-event-id\x00"
@@ -64,12 +66,9 @@ _EVENT_ID_ENCODED = orjson.dumps(_EVENT_ID).decode()
 
 # Charges one event to the subscriber's budget: its actual cost, when known.
 Charge = Callable[[int | None], Awaitable[None]]
-# What the subscription's field would yield for an opening, from what the
-# opening's turn decided: (capsule, unlocked at, event id, share, prime), as
-# `resolvers.processes.live.capsules_unlocked` yields them.
-Opening = tuple[Any, str, str, Any, Callable[[], None]]
-# The field's event object (its executions' root value) for an opening.
-EventFor = Callable[[Any, str, str, Any], object]
+# The field's event object (its executions' root value) for an opening, made
+# from what `live.capsules_unlocked` yields (`live.Yielded`).
+EventFor = Callable[[Capsule, str, str, Share | None], object]
 
 
 class Socket(Protocol):
@@ -175,7 +174,7 @@ class FrameSink:
         counted: Callable[[], None],
         cost_of: Callable[[Any], int],
         *,
-        executed: Callable[[], None] = lambda: None,
+        executed: Callable[[], None],
         executor: MultiplexingExecutionContext | None = None,
         event_for: EventFor | None = None,
     ) -> None:
@@ -216,7 +215,7 @@ class FrameSink:
         return True
 
     async def send_shared(
-        self, share: Hashable, event_id: str, opening: Opening | None = None
+        self, share: Hashable, event_id: str, opening: Yielded | None = None
     ) -> bool | None:
         """`sent` for a caller sending many subscribers' frames in turn (an
         opening's turn, `resolvers.processes.live`), where no budget is charged:
@@ -241,7 +240,7 @@ class FrameSink:
         await self._send(encoded, event_id, self._target.socket.send_frame_at_once, counted)
         return True
 
-    def _lead(self, key: Hashable, opening: Opening) -> asyncio.Future[ExecutionResult | None] | None:
+    def _lead(self, key: Hashable, opening: Yielded) -> asyncio.Future[ExecutionResult | None] | None:
         """Executes the opening as this subscriber's stream would, which
         starts its class's shared execution (`SHARED.result`); that result,
         or None when this sink cannot execute here."""

@@ -477,9 +477,9 @@ async def test_an_opening_leads_each_class_in_its_turn_and_sends_every_frame_fro
         for user in users:
             events = await stack.enter_async_context(stream(api, SHARED_DOC, user))
             # The connection's handler sets the target in the task it starts for the operation.
-            frames.target.set(frames.Target(sockets[user], f"op-{user}", "next"))
+            token = frames.target.set(frames.Target(sockets[user], f"op-{user}", "next"))
             pending[user] = asyncio.ensure_future(events.__anext__())
-            frames.target.set(None)
+            frames.target.reset(token)
         stack.push_async_callback(stopped, pending)
         await listening(api, users)
         before = SHARED.executions
