@@ -85,6 +85,41 @@ async def publish_committed(broker: EventBus | None, events: Sequence[tuple[str,
     await to_the_end(_publish(broker, events))
 
 
+# The last announcement on each channel still on its way out of this process,
+# for `publish_in_turn`.
+_in_turn: dict[str, asyncio.Future[None]] = {}
+
+
+async def publish_in_turn(broker: EventBus | None, channel: str, event: Event) -> None:
+    """`publish_committed` for a channel whose events must leave in the order
+    of their commits: each waits for the one handed over before it in this
+    process. A write and the work it hands on (a content's move to PROCESSING
+    and the pipeline that moves it on) each announce their own move; the work
+    could otherwise announce its later move first, and a stream that hears a
+    move from a status it has not reported can only report the status as it
+    is now, skipping one."""
+    if broker is None:
+        return
+    before = _in_turn.get(channel)
+    turn = asyncio.ensure_future(_after(before, broker, [(channel, event)]))
+    _in_turn[channel] = turn
+    turn.add_done_callback(lambda done: _left(channel, done))
+    await to_the_end(turn)
+
+
+async def _after(
+    before: asyncio.Future[None] | None, broker: EventBus, events: Sequence[tuple[str, Event]]
+) -> None:
+    if before is not None:
+        await asyncio.wait((before,))  # its outcome is its own: a failure was told to the streams
+    await _publish(broker, events)
+
+
+def _left(channel: str, turn: asyncio.Future[None]) -> None:
+    if _in_turn.get(channel) is turn:
+        del _in_turn[channel]
+
+
 async def _publish(broker: EventBus, events: Sequence[tuple[str, Event]]) -> None:
     try:
         await broker.publish_many(events)

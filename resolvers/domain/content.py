@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import emoji as emoji_data
 
-from resolvers.adapters.broker import content_channel, publish_committed
+from resolvers.adapters.broker import content_channel, publish_in_turn
 from resolvers.core.context import Context
 from resolvers.core.errors import BadInput, Conflict, Forbidden, not_found
 from resolvers.core.pagination import ItemPage, query_page
@@ -80,7 +80,7 @@ def original_key(content: Content) -> str:
 
 async def publish_status(broker: EventBus | None, content: Content, was: str) -> None:
     """After the move from status `was` to `content.status` is committed: best
-    effort (`publish_committed`)."""
+    effort, and in the order of this process's commits (`publish_in_turn`)."""
     # The id lets the subscribers of one change share its reads; `was` lets a
     # stream that read the status tell a move from it from one that came
     # before its read (`live.content_status`).
@@ -91,7 +91,7 @@ async def publish_status(broker: EventBus | None, content: Content, was: str) ->
         "was": was,
         "eventId": uuid.uuid4().hex,
     }
-    await publish_committed(broker, [(content_channel(content.id), event)])
+    await publish_in_turn(broker, content_channel(content.id), event)
 
 
 # Reading ----------------------------------------------------------------------

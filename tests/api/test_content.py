@@ -22,6 +22,7 @@ from tests.factories import (
     start_upload,
     upload,
 )
+from tests.servers import until
 
 CONTENT = """query($id: ID!) { content(id: $id) {
   id type status title mediaUrl thumbnailUrl transcription failureReason commentCount
@@ -213,6 +214,50 @@ async def test_each_kind_passes_only_through_states_that_do_work_for_it(
                 if event["status"] in ("READY", "FAILED"):
                     break
     assert seen == walk
+
+
+async def test_a_late_announcement_of_a_move_still_comes_before_the_next(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request that hands a note to the pipeline announces PROCESSING, and
+    the pipeline announces READY. However late the first leaves (a loaded
+    process, a new connection to Redis), the channel hears them in that order:
+    a stream that heard READY first could only report the status as it is now,
+    and would skip PROCESSING."""
+    from resolvers.adapters.broker import content_channel
+
+    family_id = await family_with_members(api, "ana", [])
+    started = await start_upload(api, "ana", family_id, "TEXT", "text/plain", 4)
+    content_id = str(started["content"]["id"])
+    assert await put_bytes(api, started["uploadUrl"], b"hola", "text/plain") == 200
+    broker = api.services.broker
+    publish_many = broker.publish_many
+    released = asyncio.Event()
+
+    async def processing_held(events: Any) -> None:
+        if any(event.get("status") == "PROCESSING" for _, event in events):
+            await released.wait()
+        await publish_many(events)
+
+    async def ready_in_the_table() -> bool:
+        item = await api.table.get(keys.content(content_id))
+        return item is not None and item["status"] == "READY"
+
+    monkeypatch.setattr(broker, "publish_many", processing_held)
+    async with broker.subscribe(content_channel(content_id)) as events:
+        completing = asyncio.create_task(api.ok(COMPLETE, {"id": content_id}, as_="ana"))
+        # The pipeline has walked the note to READY while PROCESSING is still unsent.
+        await until(ready_in_the_table, "the note READY in the table", interval=0.01)
+        released.set()
+        assert (await completing)["completeUpload"]["status"] == "PROCESSING"
+        await settle(api)
+        seen: list[str] = []
+        async with asyncio.timeout(30):
+            async for event in events:
+                seen.append(event["status"])
+                if event["status"] == "READY":
+                    break
+    assert seen == ["PROCESSING", "READY"]
 
 
 async def test_a_file_that_is_not_what_it_claims_fails_and_can_be_retried(
