@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from resolvers.adapters.broker import QUEUE_LIMIT, Broker, InProcessBroker, RedisBroker
+from resolvers.adapters import broker as broker_module
+from resolvers.adapters.broker import QUEUE_LIMIT, Broker, InProcessBroker, RedisBroker, publish_in_turn
 from resolvers.core.errors import Unavailable
 from resolvers.core.metrics import Metrics
 from tests.servers import until
@@ -77,6 +78,38 @@ async def test_an_event_published_anywhere_reaches_each_subscriber_once(
         await here.publish(channel, {"kind": "sentinel"})
         assert (await asyncio.wait_for(anext(other), 5))["kind"] == "sentinel"
         assert (await asyncio.wait_for(anext(mine), 5))["kind"] == "sentinel"
+
+
+async def test_announcements_in_turn_keep_their_order_and_outlive_a_stopped_caller(
+    brokers: tuple[Broker, Broker], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`publish_in_turn`: an announcement whose caller is stopped while it is
+    on its way still goes, the next one of its channel goes after it, and
+    nothing of either is kept once both have gone."""
+    here, there = brokers
+    channel = f"content:{uuid.uuid4().hex}"
+    publish_many = here.publish_many
+    entered, released = asyncio.Event(), asyncio.Event()
+
+    async def first_held(events: Any) -> None:
+        if events[0][1]["n"] == 1:
+            entered.set()
+            await released.wait()
+        await publish_many(events)
+
+    monkeypatch.setattr(here, "publish_many", first_held)
+    async with there.subscribe(channel) as heard:
+        await listening(brokers, channel, 1)
+        first = asyncio.create_task(publish_in_turn(here, channel, {"n": 1}))
+        await entered.wait()
+        first.cancel()  # its operation stopped after the commit
+        second = asyncio.create_task(publish_in_turn(here, channel, {"n": 2}))
+        released.set()
+        await second
+        got = [(await asyncio.wait_for(anext(heard), 5))["n"] for _ in range(2)]
+    assert got == [1, 2]
+    assert first.cancelled()
+    assert channel not in broker_module._in_turn
 
 
 async def test_leaving_a_channel_unsubscribes_it(brokers: tuple[Broker, Broker]) -> None:
