@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ from tests.servers import SECRET, ServerProcess, running_moto_server, subscripti
 # moto answers a GSI query by reading every item, so fewer shards and a slower
 # poll keep two polling servers from saturating it; production uses 8 and 5 s.
 SHARDS = 2
+# How long a listener's connection and its ack may take on a loaded machine.
+WAIT_SECONDS = 60
 
 
 def seed_capsules(
@@ -123,7 +125,7 @@ async def test_two_processes_unlock_300_capsules_exactly_once(
 
     async def listen(person: str, server: ServerProcess) -> None:
         token = mint_token(SECRET, person)
-        transport = WebsocketsTransport(url=server.ws_url, init_payload={"Authorization": f"Bearer {token}"})
+        transport = ws_transport(server, token)
         async with Client(transport=transport) as session:
             async for event in session.subscribe(subscription):
                 assert event["capsuleUnlocked"]["capsule"]["status"] == "AVAILABLE"
@@ -232,9 +234,32 @@ async def test_a_process_killed_mid_batch_is_finished_by_the_next(
     assert set(notes.values()) == {1} and sum(notes.values()) == 200 * 3
 
 
+def ws_transport(server: ServerProcess, token: str) -> WebsocketsTransport:
+    # gql's 10 s for the connection and its ack are a quiet machine's: on a
+    # loaded one a listener gave up before its subscription started.
+    return WebsocketsTransport(
+        url=server.ws_url,
+        init_payload={"Authorization": f"Bearer {token}"},
+        connect_timeout=WAIT_SECONDS,
+        ack_timeout=WAIT_SECONDS,
+    )
+
+
+async def subscribed(
+    listeners: Sequence[asyncio.Task[None]], servers: Sequence[ServerProcess], count: int
+) -> bool:
+    """Whether `count` listeners' subscriptions run; a listener that ended
+    raises its own error here, rather than leaving the wait to time out."""
+    for listener in listeners:
+        if listener.done():
+            listener.result()
+            raise AssertionError("a listener ended before its subscription started")
+    return await subscriptions_running(servers, "capsuleUnlocked", count)
+
+
 async def listen_for(server: ServerProcess, person: str, received: dict[str, list[str]], query: str) -> None:
     token = mint_token(SECRET, person)
-    transport = WebsocketsTransport(url=server.ws_url, init_payload={"Authorization": f"Bearer {token}"})
+    transport = ws_transport(server, token)
     async with Client(transport=transport) as session:
         async for event in session.subscribe(GraphQLRequest(query)):
             received[person].append(event["capsuleUnlocked"]["capsule"]["id"])
@@ -256,7 +281,7 @@ async def test_a_capsule_for_300_opens_once_under_two_processes(
         for n, person in enumerate(recipients)
     ]
     try:
-        await until(lambda: subscriptions_running(servers, "capsuleUnlocked", len(recipients)))
+        await until(lambda: subscribed(listeners, servers, len(recipients)))
         capsule_id, rows = capsule_rows(
             family_id, creator, recipients, datetime.now(UTC) + timedelta(seconds=1), SHARDS, tag="big"
         )
@@ -353,7 +378,7 @@ async def test_a_process_killed_between_commit_and_publish_is_delivered_by_recov
         )
         servers.append(committer.start())
         proxy.flowing.clear()
-        await until(lambda: subscriptions_running([host], "capsuleUnlocked", len(recipients)))
+        await until(lambda: subscribed(listeners, [host], len(recipients)))
         capsule_id, rows = capsule_rows(
             family_id, creator, recipients, datetime.now(UTC) + timedelta(seconds=1), SHARDS, tag="kill"
         )
