@@ -236,7 +236,7 @@ async def test_a_process_killed_mid_batch_is_finished_by_the_next(
 
 def ws_transport(server: ServerProcess, token: str) -> WebsocketsTransport:
     # gql's 10 s for the connection and its ack are a quiet machine's: on a
-    # loaded one a listener gave up before its subscription started.
+    # loaded one they can run out before the subscription starts.
     return WebsocketsTransport(
         url=server.ws_url,
         init_payload={"Authorization": f"Bearer {token}"},
