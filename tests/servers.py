@@ -99,6 +99,12 @@ class ServerProcess:
         self.stop()  # a start that failed leaves nothing running
         raise RuntimeError(f"{self.name} did not answer:\n{self.log_path.read_text()}")
 
+    async def started(self) -> ServerProcess:
+        """`start` on a thread: the caller's event loop goes on serving its own
+        clients meanwhile, whose timers would otherwise run out behind a start
+        that takes most of a minute."""
+        return await asyncio.to_thread(self.start)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

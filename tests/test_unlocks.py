@@ -235,13 +235,15 @@ async def test_a_process_killed_mid_batch_is_finished_by_the_next(
 
 
 def ws_transport(server: ServerProcess, token: str) -> WebsocketsTransport:
-    # gql's 10 s for the connection and its ack are a quiet machine's: on a
-    # loaded one they can run out before the subscription starts.
+    # The 10 s that gql and websockets give the connection and its ack are a
+    # quiet machine's: on a loaded one they can run out before the subscription
+    # starts.
     return WebsocketsTransport(
         url=server.ws_url,
         init_payload={"Authorization": f"Bearer {token}"},
         connect_timeout=WAIT_SECONDS,
         ack_timeout=WAIT_SECONDS,
+        connect_args={"open_timeout": WAIT_SECONDS},
     )
 
 
@@ -376,7 +378,8 @@ async def test_a_process_killed_between_commit_and_publish_is_delivered_by_recov
         committer = ServerProcess(
             tmp_path / "committer", server_env(moto_server, shared_table, await proxy.start())
         )
-        servers.append(committer.start())
+        # Started off the loop: the listeners are connecting meanwhile.
+        servers.append(await committer.started())
         proxy.flowing.clear()
         await until(lambda: subscribed(listeners, [host], len(recipients)))
         capsule_id, rows = capsule_rows(
@@ -395,7 +398,9 @@ async def test_a_process_killed_between_commit_and_publish_is_delivered_by_recov
         assert received == {person: [] for person in recipients}
         # Any other process's pass publishes what the outbox holds.
         servers.append(
-            ServerProcess(tmp_path / "rescuer", server_env(moto_server, shared_table, redis_url)).start()
+            await ServerProcess(
+                tmp_path / "rescuer", server_env(moto_server, shared_table, redis_url)
+            ).started()
         )
 
         async def everyone_heard() -> bool:
