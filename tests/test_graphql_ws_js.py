@@ -71,8 +71,10 @@ async def test_resume_after_a_disconnect_with_graphql_ws(server: ServerProcess) 
     await upload(server, "ana", family_id, "TEXT", b"uno", "text/plain", title="uno")
     heard = [r["data"]["notificationAdded"] for r in await first.results()]
     last_seen = heard[0]["id"]
-    # Offline: a capsule opens for ben and two more notifications arrive.
-    capsule_id = await capsule_for(server, family_id, "Para Ben", datetime.now(UTC) + timedelta(seconds=2))
+    # Offline: a capsule opens for ben and two more notifications arrive. Its
+    # date leaves a loaded machine time to seal it: one that passes first
+    # refuses the note, and the capsule stays closed for good.
+    capsule_id = await capsule_for(server, family_id, "Para Ben", datetime.now(UTC) + timedelta(seconds=6))
     await upload(server, "ana", family_id, "TEXT", b"dentro", "text/plain", capsule_id=capsule_id)
     await upload(server, "ana", family_id, "TEXT", b"dos", "text/plain", title="dos")
     await upload(server, "ana", family_id, "TEXT", b"tres", "text/plain", title="tres")
