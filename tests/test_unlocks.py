@@ -378,8 +378,9 @@ async def test_a_process_killed_between_commit_and_publish_is_delivered_by_recov
         committer = ServerProcess(
             tmp_path / "committer", server_env(moto_server, shared_table, await proxy.start())
         )
+        servers.append(committer)
         # Started off the loop: the listeners are connecting meanwhile.
-        servers.append(await committer.started())
+        await committer.started()
         proxy.flowing.clear()
         await until(lambda: subscribed(listeners, [host], len(recipients)))
         capsule_id, rows = capsule_rows(
@@ -397,11 +398,9 @@ async def test_a_process_killed_between_commit_and_publish_is_delivered_by_recov
         committer.kill()  # SIGKILL, its publish still held in the proxy
         assert received == {person: [] for person in recipients}
         # Any other process's pass publishes what the outbox holds.
-        servers.append(
-            await ServerProcess(
-                tmp_path / "rescuer", server_env(moto_server, shared_table, redis_url)
-            ).started()
-        )
+        rescuer = ServerProcess(tmp_path / "rescuer", server_env(moto_server, shared_table, redis_url))
+        servers.append(rescuer)
+        await rescuer.started()
 
         async def everyone_heard() -> bool:
             return all(capsule_id in got for got in received.values())
