@@ -1,7 +1,7 @@
 """A server leaves no process behind. Its photo and probe processes come from a
 forkserver, which is not their parent's parent in the kernel's eyes: whether the
 server is stopped (SIGTERM) or SIGKILLed, the forkserver, the resource tracker and
-the photo processes end with it."""
+the photo processes end with it. So does the process that encrypts its pushes."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from resolvers.core.auth import mint_token
 from tests import media_factory as mf
 from tests.leftovers import Process, descendants, gone
+from tests.push_service import running_push_service
 from tests.servers import SECRET, ServerProcess, graphql_data, until, upload_to
 
 ANA = mint_token(SECRET, "ana", given_name="Ana")
@@ -80,3 +81,37 @@ async def test_a_server_killed_while_it_transcribes_takes_its_speech_worker_with
     finally:
         server.stop()
     await _all_ended(below)
+
+
+@pytest.mark.parametrize("ending", ["SIGKILL", "SIGTERM"])
+async def test_a_server_that_pushed_takes_its_sealing_process_with_it(ending: str, tmp_path: Path) -> None:
+    """A push was encrypted in the server's sealing process: however the server
+    ends, that process ends with it (a SIGKILL leaves it its stdin's end alone)."""
+    with running_push_service() as service:
+        env = {"MIFAMILIAS_AUTH_SECRET": SECRET, "MIFAMILIAS_PUSH_ALLOWED_ORIGINS": service.origin}
+        server = ServerProcess(tmp_path / "data", env).start()
+        try:
+            service.server_key = (await graphql_data(server, ANA, "{ webPushPublicKey }"))["webPushPublicKey"]
+            family = await graphql_data(
+                server,
+                ANA,
+                'mutation { createFamily(input: {name: "Los García", trustLevel: VOUCHED}) { inviteCode } }',
+            )
+            register = "mutation($i: RegisterPushDeviceInput!) { registerPushDevice(input: $i) { id } }"
+            await graphql_data(server, ANA, register, {"i": service.browser("phone").input()})
+            # cy asks to join: ana's phone is told.
+            cy = mint_token(SECRET, "cy", given_name="Cy")
+            join = "mutation($c: String!) { joinFamily(inviteCode: $c) { role } }"
+            await graphql_data(server, cy, join, {"c": family["createFamily"]["inviteCode"]})
+            await until(lambda: len(service.to("phone")) == 1, "the push to ana's phone")
+            assert service.problems == []
+            assert server.process is not None
+            below = descendants(server.process.pid)
+            assert any("sealing.py" in process.command for process in below), [p.command for p in below]
+            if ending == "SIGKILL":
+                server.kill()
+            else:
+                server.stop()
+        finally:
+            server.stop()
+        await _all_ended(below)

@@ -1,16 +1,17 @@
 """Web Push (RFC 8030) to browsers: VAPID (RFC 8292) and aes128gcm payload
-encryption (RFC 8291) by pywebpush and py-vapid, sent with aiohttp.
+encryption (RFC 8291) by http_ece and py-vapid, sent with aiohttp.
 
-Nothing here is our own cryptography: pywebpush encrypts (through http_ece),
-py-vapid signs. What is ours is where a request may go. A push endpoint is a
-URL a browser gave us, so a person could name any host: every endpoint's host
-is resolved, and an address that is not on the public internet (private,
-loopback, link-local, carrier-grade NAT, cloud metadata) is refused, at
-registration and again at each send; the send then connects to the address
-that was checked (TLS still checks the certificate against the host name), so
-a DNS answer that changes between the check and the connection (rebinding)
-changes nothing. Origins listed in MIFAMILIAS_PUSH_ALLOWED_ORIGINS skip the
-address check (a push service on loopback, for development and tests).
+Nothing here is our own cryptography: http_ece encrypts (in a process of its
+own, :mod:`resolvers.adapters.sealing`), py-vapid signs. What is ours is where
+a request may go. A push endpoint is a URL a browser gave us, so a person
+could name any host: every endpoint's host is resolved, and an address that is
+not on the public internet (private, loopback, link-local, carrier-grade NAT,
+cloud metadata) is refused, at registration and again at each send; the send
+then connects to the address that was checked (TLS still checks the
+certificate against the host name), so a DNS answer that changes between the
+check and the connection (rebinding) changes nothing. Origins listed in
+MIFAMILIAS_PUSH_ALLOWED_ORIGINS skip the address check (a push service on
+loopback, for development and tests).
 """
 
 from __future__ import annotations
@@ -18,13 +19,20 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import functools
 import ipaddress
+import json
+import logging
 import os
+import select
 import socket
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -34,7 +42,10 @@ import httpx
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from py_vapid import Vapid02, b64urlencode
-from pywebpush import WebPusher
+
+from resolvers.adapters import sealing
+
+log = logging.getLogger(__name__)
 
 MAX_ENDPOINT = 2048
 # Addresses of cloud metadata services that are public addresses all the same.
@@ -60,6 +71,13 @@ MAX_ANSWER = 64 * 1024
 # Push services with a pool of their own; the rest share one.
 MAX_POOLS = 64
 OTHER_ORIGINS = "other"
+# Pushes sealed in one request to the sealing process at most. An opening asks
+# for a thousand in one turn of the loop; in slices, the first are on their way
+# while the rest are still being encrypted.
+SEAL_SLICE = 32
+# A slice takes the sealing process a few milliseconds; one it has not answered
+# in this long it never will: it is stopped, and those pushes are tried again.
+SEAL_TIMEOUT_SECONDS = 30.0
 
 
 class Refused(ValueError):
@@ -327,6 +345,157 @@ class Pool:
             self._session = None
 
 
+Waiting = list[tuple["Subscription", "Message", "asyncio.Future[bytes]"]]
+
+
+class SealingFailed(Exception):
+    """A push the sealing process did not encrypt: it stopped, or that push's keys are unusable."""
+
+
+class SealingProcess:
+    """The child that encrypts pushes (:mod:`resolvers.adapters.sealing`), driven
+    from one thread alone: started on the first request, started again after it
+    stopped. Each request waits for its answer with a deadline, so a child that
+    hangs is stopped rather than waited for."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._unread = b""
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def seal_all(self, asked: Sequence[tuple[Subscription, Message]]) -> list[bytes | SealingFailed]:
+        """Each push's body, or why it has none. Raises `SealingFailed` for
+        them all when the child stopped or did not answer (it is killed, and
+        the next request starts another)."""
+        request = [[base64.b64encode(m.payload).decode(), s.p256dh, s.auth] for s, m in asked]
+        try:
+            process = self._started()
+            assert process.stdin is not None
+            process.stdin.write(json.dumps(request).encode() + b"\n")
+            process.stdin.flush()
+            answers = json.loads(self._line(process, time.monotonic() + SEAL_TIMEOUT_SECONDS))
+        except (OSError, ValueError, SealingFailed) as error:
+            self.stop(gently=False)
+            raise SealingFailed(f"the push sealing process failed: {error}") from None
+        return [
+            base64.b64decode(found) if isinstance(found, str) else SealingFailed(found["error"])
+            for found in answers
+        ]
+
+    def _started(self) -> subprocess.Popen[bytes]:
+        if self._process is None or self._process.poll() is not None:
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", sealing.__file__],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                bufsize=0,
+            )
+            self._unread = b""
+            log.info("push sealing process %d started", self._process.pid)
+        return self._process
+
+    def _line(self, process: subprocess.Popen[bytes], deadline: float) -> bytes:
+        """One line of the child's answers, read as it comes (no buffer past it
+        is lost: what follows stays for the next)."""
+        assert process.stdout is not None
+        fd = process.stdout.fileno()
+        while b"\n" not in self._unread:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise SealingFailed(f"no answer in {SEAL_TIMEOUT_SECONDS:.0f} s")
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise SealingFailed(f"exit code {process.wait()}")
+            self._unread += chunk
+        line, _, self._unread = self._unread.partition(b"\n")
+        return line
+
+    def stop(self, *, gently: bool = True) -> None:
+        """Ends the child: its stdin closes and it exits (or is killed if it
+        does not within seconds); not `gently`, it is killed at once."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        assert process.stdin is not None and process.stdout is not None
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+        if not gently:
+            process.kill()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        process.stdout.close()
+
+
+class Sealer:
+    """Encrypts pushes in the sealing process, those asked for in one turn of
+    the loop together. The encryption (a key pair, an ECDH, two HKDFs and an
+    AES-GCM) is about twice a push's POST in CPU: in the server's process it
+    held the loop's GIL for most of it, and a hand-off per push to a thread
+    cost the loop about as much again. Here the loop hands a turn's pushes to
+    one thread, which writes them to the child in slices and waits for its
+    answers with the GIL let go; the child runs on another core."""
+
+    def __init__(self) -> None:
+        self._waiting: Waiting = []
+        self.child = SealingProcess()
+        # One thread: the child is driven from it alone, so its requests and
+        # answers never interleave.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="webpush-sealing")
+
+    async def seal(self, subscription: Subscription, message: Message) -> bytes:
+        """The push's encrypted body. Raises `SealingFailed`."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
+        if not self._waiting:
+            loop.call_soon(self._hand_off, loop)
+        self._waiting.append((subscription, message, future))
+        return await future
+
+    def _hand_off(self, loop: asyncio.AbstractEventLoop) -> None:
+        waiting, self._waiting = self._waiting, []
+        for start in range(0, len(waiting), SEAL_SLICE):
+            some = waiting[start : start + SEAL_SLICE]
+            try:
+                done = loop.run_in_executor(self._thread, self.child.seal_all, [(s, m) for s, m, _ in some])
+            except RuntimeError:  # closed meanwhile
+                _answer(some, SealingFailed("the server is stopping"))
+                continue
+            done.add_done_callback(functools.partial(_answered, some))
+
+    async def close(self) -> None:
+        def stop() -> None:
+            self._thread.shutdown(wait=True, cancel_futures=True)
+            self.child.stop()
+
+        await asyncio.to_thread(stop)
+
+
+def _answered(waiting: Waiting, done: asyncio.Future[list[bytes | SealingFailed]]) -> None:
+    if done.cancelled():
+        _answer(waiting, SealingFailed("the server is stopping"))
+    elif (error := done.exception()) is not None:
+        _answer(waiting, error if isinstance(error, Exception) else SealingFailed(repr(error)))
+    else:
+        _answer(waiting, done.result())
+
+
+def _answer(waiting: Waiting, answers: Exception | list[bytes | SealingFailed]) -> None:
+    for n, (_, _, future) in enumerate(waiting):
+        if future.done():
+            continue  # its sender was cancelled
+        answer = answers if isinstance(answers, Exception) else answers[n]
+        if isinstance(answer, Exception):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
+
+
 class WebPushSender:
     def __init__(
         self,
@@ -344,6 +513,7 @@ class WebPushSender:
         self.per_origin = per_origin
         self._pools: dict[str, Pool] = {}
         self._tokens: dict[str, tuple[float, str]] = {}
+        self._sealer = Sealer()
 
     def pool(self, origin: str) -> Pool:
         """The push service's pool, made on its first push. Past `MAX_POOLS`
@@ -372,22 +542,12 @@ class WebPushSender:
         self._tokens[audience] = (float(expires), token)
         return token
 
-    def _encrypt(self, subscription: Subscription, message: Message) -> bytes:
-        pusher = WebPusher(
-            {
-                "endpoint": subscription.endpoint,
-                "keys": {"p256dh": subscription.p256dh, "auth": subscription.auth},
-            }
-        )
-        body: bytes = pusher.encode(message.payload, content_encoding="aes128gcm")["body"]
-        return body
-
     async def send(self, subscription: Subscription, message: Message) -> Outcome:
         """One push. Raises `Refused` when the endpoint's host now resolves
         somewhere it may not go; a network failure is status 0 (retried)."""
         address = await resolve(subscription.endpoint, self.allowed)
-        # Encrypting is an ECDH and an AES-GCM: off the loop, with the signature.
-        body, authorization = await asyncio.to_thread(self._prepare, subscription, message)
+        body = await self._sealer.seal(subscription, message)
+        authorization = self.authorization(origin_of(subscription.endpoint))
         headers = {
             "TTL": str(message.ttl),
             "Urgency": message.urgency,
@@ -403,10 +563,8 @@ class WebPushSender:
         pool = self.pool(origin_of(subscription.endpoint))
         return await pool.post(url, content=body, headers=headers, server_hostname=server_hostname)
 
-    def _prepare(self, subscription: Subscription, message: Message) -> tuple[bytes, str]:
-        return self._encrypt(subscription, message), self.authorization(origin_of(subscription.endpoint))
-
     async def close(self) -> None:
+        await self._sealer.close()
         pools, self._pools = list(self._pools.values()), {}
         await asyncio.gather(*(pool.close() for pool in pools))
 
