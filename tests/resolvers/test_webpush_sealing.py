@@ -80,6 +80,20 @@ def counting_requests(sealer: webpush.Sealer, monkeypatch: pytest.MonkeyPatch) -
     return sizes
 
 
+async def started(sealer: webpush.Sealer, browser: Browser) -> int:
+    """The sealing process's pid, once it has sealed a first push."""
+    await sealer.seal(browser.subscription, message(1))
+    pid = sealer.child.pid
+    assert pid is not None
+    return pid
+
+
+async def seals_again_in_another(sealer: webpush.Sealer, browser: Browser, first: int) -> None:
+    """The next push is sealed, by a process other than `first`."""
+    assert browser.opened(await sealer.seal(browser.subscription, message(3))) == message(3).payload
+    assert sealer.child.pid not in (None, first)
+
+
 async def test_a_turns_pushes_go_in_slices_and_each_opens_for_its_browser_alone(
     sealer: webpush.Sealer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -111,22 +125,17 @@ async def test_a_push_with_unusable_keys_fails_alone(sealer: webpush.Sealer) -> 
 
 async def test_a_sealing_process_that_died_is_started_again_for_the_next_push(sealer: webpush.Sealer) -> None:
     browser = Browser()
-    await sealer.seal(browser.subscription, message(1))
-    first = sealer.child.pid
-    assert first is not None
+    first = await started(sealer, browser)
     os.kill(first, signal.SIGKILL)
     assert ended(first)
-    assert browser.opened(await sealer.seal(browser.subscription, message(2))) == message(2).payload
-    assert sealer.child.pid not in (None, first)
+    await seals_again_in_another(sealer, browser, first)
 
 
 async def test_a_sealing_process_killed_while_it_holds_pushes_fails_them_and_the_next_start_another(
     sealer: webpush.Sealer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     browser = Browser()
-    await sealer.seal(browser.subscription, message(1))
-    first = sealer.child.pid
-    assert first is not None
+    first = await started(sealer, browser)
     # The child stopped, so the request waits in its pipe; killed once the
     # thread has written it and waits for the answer.
     os.kill(first, signal.SIGSTOP)
@@ -143,31 +152,25 @@ async def test_a_sealing_process_killed_while_it_holds_pushes_fails_them_and_the
     os.kill(first, signal.SIGKILL)
     with pytest.raises(webpush.SealingFailed, match="exit code -9"):
         await held
-    assert browser.opened(await sealer.seal(browser.subscription, message(3))) == message(3).payload
-    assert sealer.child.pid not in (None, first)
+    await seals_again_in_another(sealer, browser, first)
 
 
 async def test_a_sealing_process_that_hangs_is_killed_and_its_pushes_fail(
     sealer: webpush.Sealer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     browser = Browser()
-    await sealer.seal(browser.subscription, message(1))
-    first = sealer.child.pid
-    assert first is not None
+    first = await started(sealer, browser)
     os.kill(first, signal.SIGSTOP)
     monkeypatch.setattr(webpush, "SEAL_TIMEOUT_SECONDS", 0.2)
     with pytest.raises(webpush.SealingFailed, match="no answer"):
         await sealer.seal(browser.subscription, message(2))
     assert ended(first)
-    assert browser.opened(await sealer.seal(browser.subscription, message(3))) == message(3).payload
-    assert sealer.child.pid not in (None, first)
+    await seals_again_in_another(sealer, browser, first)
 
 
 async def test_closing_ends_the_sealing_process(sealer: webpush.Sealer) -> None:
     browser = Browser()
-    await sealer.seal(browser.subscription, message(1))
-    pid = sealer.child.pid
-    assert pid is not None
+    pid = await started(sealer, browser)
     await sealer.close()
     assert ended(pid)
     with pytest.raises(webpush.SealingFailed):
