@@ -377,6 +377,9 @@ class SealingProcess:
             process.stdin.write(json.dumps(request).encode() + b"\n")
             process.stdin.flush()
             answers = json.loads(self._line(process, time.monotonic() + SEAL_TIMEOUT_SECONDS))
+            if not isinstance(answers, list) or len(answers) != len(asked):
+                # Every push waits for its own answer: one missing would wait for ever.
+                raise SealingFailed(f"{len(asked)} pushes asked for, not what came back")
         except (OSError, ValueError, SealingFailed) as error:
             self.stop(gently=False)
             raise SealingFailed(f"the push sealing process failed: {error}") from None

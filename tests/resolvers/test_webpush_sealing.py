@@ -12,6 +12,8 @@ import select
 import signal
 import threading
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import http_ece
@@ -175,3 +177,20 @@ async def test_closing_ends_the_sealing_process(sealer: webpush.Sealer) -> None:
     assert ended(pid)
     with pytest.raises(webpush.SealingFailed):
         await sealer.seal(browser.subscription, message(2))
+
+
+async def test_an_answer_that_leaves_pushes_out_fails_them_rather_than_leave_them_waiting(
+    sealer: webpush.Sealer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A sealing process that answers every request with no bodies at all."""
+    script = tmp_path / "answers_nothing.py"
+    script.write_text("import sys\nfor line in sys.stdin:\n    print('[]', flush=True)\n")
+    monkeypatch.setattr(webpush, "sealing", SimpleNamespace(__file__=str(script)))
+    browser = Browser()
+    # A guard only: pushes left without an answer would wait for ever.
+    async with asyncio.timeout(60):
+        results = await asyncio.gather(
+            *(sealer.seal(browser.subscription, message(n)) for n in range(3)), return_exceptions=True
+        )
+    assert all(isinstance(result, webpush.SealingFailed) for result in results), results
+    assert "not what came back" in str(results[0])
