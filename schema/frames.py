@@ -46,7 +46,7 @@ from typing import Any, Protocol
 import orjson
 from graphql import ExecutionResult, execute_subscription_event
 
-from resolvers.processes.live import Share, Yielded
+from resolvers.processes.live import Lead
 from schema.cost import event_actual_cost
 from schema.multiplex import (
     SHARED,
@@ -58,7 +58,6 @@ from schema.multiplex import (
     variables_key,
 )
 from schema.strawberry_internals import raw_info
-from store.items import Capsule
 
 # Stands for each subscriber's event id in a class's encoded data.
 _EVENT_ID = "\x00mifamilias-event-id\x00"
@@ -66,9 +65,9 @@ _EVENT_ID_ENCODED = orjson.dumps(_EVENT_ID).decode()
 
 # Charges one event to the subscriber's budget: its actual cost, when known.
 Charge = Callable[[int | None], Awaitable[None]]
-# The field's event object (its executions' root value) for an opening, made
-# from what `live.capsules_unlocked` yields (`live.Yielded`).
-EventFor = Callable[[Capsule, str, str, Share | None], object]
+# The field's event object (its executions' root value), made from what its
+# stream would yield (`live.Lead.yielded`).
+EventFor = Callable[..., object]
 
 
 class Socket(Protocol):
@@ -207,48 +206,54 @@ class FrameSink:
         encoded = await self._encoded(key, shared)
         if encoded is None:
             return False
-        if encoded.actual is None:
-            encoded.actual = self._cost_of(encoded.result.data)
-        await charge(encoded.actual)
+        await self._charge(encoded, charge)
         found = self._target
         await self._send(encoded, event_id, found.socket.send_frame, self._counted)
         return True
 
     async def send_shared(
-        self, share: Hashable, event_id: str, opening: Yielded | None = None
+        self, share: Hashable, event_id: str | None, lead: Lead | None = None, charge: Charge | None = None
     ) -> bool | None:
         """`sent` for a caller sending many subscribers' frames in turn (an
-        opening's turn, `resolvers.processes.live`), where no budget is charged:
-        it waits for the class's result, never for the client. A class with no
-        lead yet is led here, from `opening`, when this sink can execute its
-        stream's events; None when it cannot (nobody is made the lead); False
-        when the class's result is not one to share, or the client is not
-        taking what it was sent (its own task waits for it: `sent`)."""
+        event's turn, `resolvers.processes.live`): it waits for the class's
+        result, never for the client, and charges the result's cost with
+        `charge` when given one (an opening's turn charges nothing). A class
+        with no lead yet is led here, from `lead`, when this sink can execute
+        its stream's events; None when it cannot (nobody is made the lead);
+        False when the class's result is not one to share, or the client is
+        not taking what it was sent (its own task waits for it: `sent`)."""
         if self._target.socket.backed_up():
             return False
         key = class_key(self.plan, self.variables, share)
         shared = SHARED.peek(key)
         executed = False
         if shared is None:
-            if opening is None or (shared := self._lead(key, opening)) is None:
+            if lead is None or (shared := self._lead(key, lead)) is None:
                 return None
             executed = True
         encoded = await self._encoded(key, shared)
         if encoded is None:
             return False
+        if charge is not None:
+            await self._charge(encoded, charge)
         counted = self._executed if executed else self._counted
         await self._send(encoded, event_id, self._target.socket.send_frame_at_once, counted)
         return True
 
-    def _lead(self, key: Hashable, opening: Yielded) -> asyncio.Future[ExecutionResult | None] | None:
-        """Executes the opening as this subscriber's stream would, which
+    async def _charge(self, encoded: Encoded, charge: Charge) -> None:
+        """Charges the class's result at what it cost, counted once for the class."""
+        if encoded.actual is None:
+            encoded.actual = self._cost_of(encoded.result.data)
+        await charge(encoded.actual)
+
+    def _lead(self, key: Hashable, lead: Lead) -> asyncio.Future[ExecutionResult | None] | None:
+        """Executes the event as this subscriber's stream would, which
         starts its class's shared execution (`SHARED.result`); that result,
         or None when this sink cannot execute here."""
         if self._executor is None or self._event_for is None:
             return None
-        capsule, unlocked_at, event_id, share, prime = opening
-        prime()
-        event = self._event_for(capsule, unlocked_at, event_id, share)
+        lead.prime()
+        event = self._event_for(*lead.yielded)
         answer = execute_subscription_event(self._executor.build_per_event_executor(event))
         # Its own copy of the result (`MultiplexingExecutionContext._answer`)
         # is not needed: its frame is the class's, encoded once, like its fellows'.

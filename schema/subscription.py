@@ -14,6 +14,7 @@ from schema.content import Content
 from schema.cost import event_cost
 from schema.notification import Notification
 from store.items import Capsule as CapsuleRecord
+from store.items import Content as ContentRecord
 
 # Each resolver holds one of the viewer's subscription slots before anything is
 # subscribed (a refusal is the operation's first answer: an `error` message on
@@ -49,6 +50,12 @@ def opened_event(
     return CapsuleUnlockedEvent(
         id=strawberry.ID(event_id), capsule=Capsule(item=capsule), unlocked_at=when(unlocked_at), share=share
     )
+
+
+def status_event(content: ContentRecord, share: live.Share | None) -> Content:
+    """The event `contentStatusChanged` yields for a change: its executions'
+    root value, where its stream yields it or where a change's turn leads its class."""
+    return Content(item=content, share=share)
 
 
 @strawberry.type
@@ -113,15 +120,16 @@ class Subscription:
     async def content_status_changed(
         self, info: Info, content_id: strawberry.ID
     ) -> AsyncGenerator[Content, None]:
-        sink = frames.sink_for(info)
+        sink = frames.sink_for(info, status_event)
 
         async def events(charge: live.Charge) -> AsyncIterator[Content]:
-            async with aclosing(live.content_status(info.context, str(content_id))) as stream:
+            stream = live.content_status(info.context, str(content_id), frames=sink, charge=charge)
+            async with aclosing(stream):
                 async for content, share in stream:
                     if share is not None and await sent(sink, share, None, charge):
                         continue
                     try:
-                        yield Content(item=content, share=share)
+                        yield status_event(content, share)
                     finally:
                         if sink is not None:
                             sink.done()

@@ -161,6 +161,24 @@ def capsule_readable(capsule: Capsule, viewer: str, membership: Membership | Non
     )
 
 
+def content_readable(
+    content: Content, viewer: str, membership: Membership | None, family: Family | None
+) -> bool:
+    """The whole rule for a content, given the viewer's membership of its
+    family now and the family item, which names who is leaving (what
+    `may_read` decides, for a caller that read both for many viewers at once:
+    a status change's turn)."""
+    if is_sealed(content) and content.author_id != viewer:
+        return False
+    return (
+        membership is not None
+        and membership.family_id == content.family_id
+        and membership.user_id == viewer
+        and membership.role in READERS
+        and not (family is not None and content.author_id in family.departing)
+    )
+
+
 async def load_content(ctx: Context, content_id: str) -> Content | None:
     if not keys.usable_id(content_id):
         return None
@@ -206,9 +224,8 @@ async def _decide(ctx: Context, record: GuardedRecord) -> bool:
             return False
         # The family item (which names who is leaving) joins the membership's batch.
         ctx.loaders.ask(keys.family(record.family_id))
-        if await reader(ctx, record.family_id) is None:
-            return False
-        return not await departing(ctx, record.family_id, record.author_id)
+        found = await membership(ctx, record.family_id, with_family=True)
+        return content_readable(record, viewer, found, await load_family(ctx, record.family_id))
     if isinstance(record, Capsule):
         return capsule_readable(record, viewer, await membership(ctx, record.family_id, with_family=True))
     if isinstance(record, Recipient):

@@ -27,14 +27,14 @@ from typing import Any, Generic, Protocol, TypeVar, cast
 
 from resolvers.adapters.broker import RESYNC, content_channel, user_channel
 from resolvers.core.context import Context, utc_now
-from resolvers.core.errors import BadInput, NotFound
+from resolvers.core.errors import BadInput, NotFound, RateLimited
 from resolvers.core.ports import Event, EventBus, Held, SharedReads
 from resolvers.domain import access, notifications
 from resolvers.domain import content as content_resolvers
 from resolvers.domain.notifications import notification_id
 from store import keys
 from store.enums import NotificationType
-from store.items import Capsule, Content, Membership, Notification, iso
+from store.items import Capsule, Content, Family, Membership, Notification, iso
 from store.port import Item, Key, SortKey, all_items, every_item
 
 log = logging.getLogger("mifamilias.live")
@@ -153,40 +153,42 @@ def _refresh(ctx: Context) -> None:
 Share = tuple[str | bool | None, ...]
 
 
-async def content_status(ctx: Context, content_id: str) -> AsyncGenerator[tuple[Content, Share | None], None]:
+async def content_status(
+    ctx: Context, content_id: str, frames: ClassFrames | None = None, charge: Charge | None = None
+) -> AsyncGenerator[tuple[Content, Share | None], None]:
     """The content as it is now, then again at every status change; with each
-    change, what the viewer's rights on it depend on."""
+    change, what the viewer's rights on it depend on. With `frames` and the
+    stream's `charge`, a change that comes while the stream waits may be sent
+    as its class's frame from the change's turn (`_StatusChange`), and never
+    yielded here."""
     with ctx.services.metrics.subscription("contentStatusChanged"):
+        viewer = await ctx.viewer_id()
+        stream = _StatusReceiver(ctx, viewer, content_id, frames, charge)
+        receiver = stream if frames is not None and charge is not None else None
         # Subscribed before the first read: a move committed between the two
         # is heard, where the other order would miss it for good.
-        async with _broker(ctx).subscribe(content_channel(content_id)) as events:
+        async with _broker(ctx).subscribe(content_channel(content_id), receiver) as events:
             content, _ = await content_resolvers.readable_content(ctx, content_id)
-            viewer = await ctx.viewer_id()
             yield content, None
-            last = content.status
+            stream.last = content.status
             async for event in events:
                 if event.get("kind") == RESYNC_KIND:
                     event = {}  # events may have been missed: the status as it is now
                 async with _slot(ctx):
                     _refresh(ctx)
                     if event.get("eventId"):
-                        await _shared_content_reads(ctx, content_id, str(event["eventId"]), viewer)
+                        shared = await _content_reads(ctx, content_id, str(event["eventId"]))
+                        if shared is not None:
+                            _prime_content(ctx, shared, viewer)
                     try:
                         content, membership = await content_resolvers.readable_content(ctx, content_id)
                     except NotFound:
                         if await content_resolvers.load_content(ctx, content_id) is None:
                             return  # deleted: the stream ends
                         continue  # no longer theirs to see
-                # A move from the status last reported is reported as the event
-                # says, though the content may have moved on while it travelled,
-                # so that every state is seen in order. Any other event came
-                # before the first read, or after missed ones: the status as it
-                # is now says where the content is.
-                status = str(event["status"]) if event.get("was") == last else content.status
-                if status != last:
-                    last = status
-                    share = ("content", content.id, status, membership.role, viewer == content.author_id)
-                    yield replace(content, status=status), share
+                moved = stream.moved(event, content, membership)
+                if moved is not None:
+                    yield moved
 
 
 @dataclass(frozen=True)
@@ -380,13 +382,15 @@ class ContentReads:
     content: Item
     family: Item | None
     members: dict[str, Item]  # the family's memberships, by user id
+    # Decoded once for every subscriber of the change's turn.
+    record: Content
+    family_record: Family | None
 
 
-async def _shared_content_reads(ctx: Context, content_id: str, event_id: str, viewer: str) -> None:
-    """Primes the subscriber's loaders with one read of the content, its family
-    and the family's memberships, shared by every subscriber of this change in
-    this process (one change can reach thousands; the family has at most
-    `MAX_MEMBERS`). The one read rule then decides from the cache."""
+async def _content_reads(ctx: Context, content_id: str, event_id: str) -> ContentReads | None:
+    """One read of the content, its family and the family's memberships, shared
+    by every subscriber of this change in this process (one change can reach
+    thousands; the family has at most `MAX_MEMBERS`); None when the content is gone."""
 
     async def load() -> ContentReads | None:
         content = await ctx.table.get(keys.content(content_id))
@@ -397,16 +401,154 @@ async def _shared_content_reads(ctx: Context, content_id: str, event_id: str, vi
             ctx.table.get(keys.family(family_id)),
             all_items(ctx.table, keys.family_pk(family_id), SortKey.begins_with(keys.MEMBER_PREFIX)),
         )
-        return ContentReads(content, family, {str(item["userId"]): item for item in members})
+        return ContentReads(
+            content,
+            family,
+            {str(item["userId"]): item for item in members},
+            Content.from_item(content),
+            Family.from_item(family) if family is not None else None,
+        )
 
-    shared = await _event_reads(ctx).read(("content", content_id, event_id), load)
-    if shared is None:
-        return
-    family_id = str(shared.content["familyId"])
+    return await _event_reads(ctx).read(("content", content_id, event_id), load)
+
+
+def _prime_content(ctx: Context, shared: ContentReads, viewer: str) -> None:
+    """The subscriber's loaders hold what the change read for everyone, so
+    the one read rule decides from the cache."""
+    family_id = shared.record.family_id
     ctx.loaders.remember(shared.content)
     ctx.loaders.item.prime(keys.family(family_id), shared.family)
     # This subscriber's own membership, or its absence: the rule needs either.
     ctx.loaders.item.prime(keys.member(family_id, viewer), shared.members.get(viewer))
+
+
+class _StatusReceiver:
+    """A contentStatusChanged stream's place (the status it last reported),
+    and its part in a `_StatusChange`: what its own loop does for a change,
+    done from the change's turn, charged to its budget as its own event."""
+
+    __slots__ = ("charge", "content_id", "ctx", "frames", "last", "turn", "viewer")
+
+    def __init__(
+        self, ctx: Context, viewer: str, content_id: str, frames: ClassFrames | None, charge: Charge | None
+    ) -> None:
+        self.ctx = ctx
+        self.viewer = viewer
+        self.content_id = content_id
+        self.frames = frames
+        self.charge = charge
+        self.last: str | None = None  # until the first event is yielded
+        self.turn: _StatusChange | None = None  # the turn holding its inbox
+
+    def moved(self, event: Event, content: Content, membership: Membership) -> tuple[Content, Share] | None:
+        """The content as this stream reports the event, and its share; None
+        when the status it last reported stands.
+
+        A move from the status last reported is reported as the event says,
+        though the content may have moved on while it travelled, so that every
+        state is seen in order. Any other event came before the first read,
+        or after missed ones: the status as it is now says where the content is."""
+        status = str(event["status"]) if event.get("was") == self.last else content.status
+        if status == self.last:
+            return None
+        self.last = status
+        share = ("content", content.id, status, membership.role, self.viewer == content.author_id)
+        return replace(content, status=status), share
+
+    def offer(self, event: Event, inbox: Held) -> bool:
+        event_id = event.get("eventId")
+        if event.get("kind") != "content" or not event_id or self.last is None:
+            return False
+        key = ("status", self.content_id, str(event_id))
+        turn = _event_reads(self.ctx).gathering(key, lambda: _StatusChange(self.ctx, key, event))
+        turn.members.append((self, inbox))
+        self.turn = turn
+        return True
+
+    async def deliver(self, turn: _StatusChange, shared: ContentReads, inbox: Held) -> None:
+        """Sends the change as the class's frame, charged; whatever this
+        cannot decide or send goes back to the stream, which does it the
+        ordinary way (a content no longer readable, a refused charge, a
+        client not reading)."""
+        given_back: Event | None = turn.event
+        last = self.last
+        try:
+            content = shared.record
+            member = shared.members.get(self.viewer)
+            membership = Membership.from_item(member) if member is not None else None
+            if membership is None or not access.content_readable(
+                content, self.viewer, membership, shared.family_record
+            ):
+                return
+            moved = self.moved(turn.event, content, membership)
+            if moved is None:
+                given_back = None
+                return
+            assert self.frames is not None and self.charge is not None  # offered only with both
+            lead = Lead(moved, functools.partial(_primed_content, self.ctx, shared, self.viewer))
+            if await self.frames.send_shared(moved[1], None, lead, self.charge):
+                given_back = None
+        except RateLimited:
+            pass  # its stream is refused the ordinary way, and ends
+        except Exception:
+            log.exception("could not send a status change of content %s from its turn", self.content_id)
+        finally:
+            if given_back is not None:
+                self.last = last  # its stream reports the move itself
+            if self.turn is turn:
+                self.turn = None
+                inbox.release(given_back)
+
+
+def _primed_content(ctx: Context, shared: ContentReads, viewer: str) -> None:
+    _refresh(ctx)
+    _prime_content(ctx, shared, viewer)
+
+
+# Subscribers a status change's turn sends to at once: their charges are one
+# pass of the budget (`RateLimiter.charge_delivery`), one call of its counter.
+STATUS_SLICE = 64
+
+
+class _StatusChange:
+    """Every subscriber in this process whose stream waited when one status
+    change woke it, in one turn, as `_Opening` does for an opening: the change
+    is read once, and each subscriber's part is decided from that read, charged
+    and sent as its class's frame, a slice at a time, the slice's charges in
+    one pass, without waking the thousands of streams."""
+
+    def __init__(self, ctx: Context, key: tuple[str, str, str], event: Event) -> None:
+        self.key = key
+        self.event = event
+        self.members: list[tuple[_StatusReceiver, Held]] = []
+        self.task = asyncio.get_running_loop().create_task(self._run(ctx))
+
+    async def _run(self, ctx: Context) -> None:
+        _, content_id, event_id = self.key
+        done = 0
+        try:
+            try:
+                async with _slot(ctx):
+                    shared = await _content_reads(ctx, content_id, event_id)
+            except Exception:
+                shared = None  # each stream reads for itself, and logs what failed
+            while done < len(self.members):
+                part = self.members[done : done + STATUS_SLICE]
+                done += len(part)
+                if shared is None:  # gone, or not read: each stream decides
+                    self._give_back(part)
+                    continue
+                await asyncio.gather(*(receiver.deliver(self, shared, inbox) for receiver, inbox in part))
+        finally:
+            _event_reads(ctx).closed(self.key)
+            # Those the turn did not get to (it was cancelled), in this slice or after it.
+            self._give_back(self.members)
+
+    def _give_back(self, members: Sequence[tuple[_StatusReceiver, Held]]) -> None:
+        for receiver, inbox in members:
+            if receiver.turn is self:
+                receiver.turn = None
+                inbox.release(self.event)
 
 
 # Resuming ---------------------------------------------------------------------
@@ -563,16 +705,28 @@ def _capsule_event(note: Notification) -> dict[str, object]:
 Yielded = tuple[Capsule, str, str, Share | None, Callable[[], None]]
 
 
+@dataclass(frozen=True)
+class Lead:
+    """What leading a class in an event's turn executes for its first
+    subscriber: what that subscriber's stream would yield (but its `prime`),
+    once `prime` has readied its loaders."""
+
+    yielded: tuple[Any, ...]
+    prime: Callable[[], None]
+
+
 class ClassFrames(Protocol):
     """How a subscriber's event leaves as its class's frame, encoded once
     (`schema.frames`): the class is what `Share` and the document make it."""
 
-    async def send_shared(self, share: Share, event_id: str, opening: Yielded | None = None) -> bool | None:
+    async def send_shared(
+        self, share: Share, event_id: str | None, lead: Lead | None = None, charge: Charge | None = None
+    ) -> bool | None:
         """Sends the class's frame with this subscriber's ids, waiting for the
-        class's result but never for the client. A class with no lead yet is
-        led from `opening` (what the stream would yield) when the frames can
-        execute it; None when they cannot; False when the event must take the
-        subscriber's ordinary way."""
+        class's result but never for the client; with `charge`, charged the
+        result's cost first. A class with no lead yet is led from `lead` when
+        the frames can execute it; None when they cannot; False when the event
+        must take the subscriber's ordinary way."""
         ...
 
 
@@ -685,8 +839,8 @@ class _OpeningReceiver:
             event_id = notifications.public_id(told) if told is not None else raw_id
             unlocked_at = str(event["unlockedAt"])
             prime = functools.partial(_primed, self.ctx, opened)
-            opening = (opened.capsule, unlocked_at, event_id, opened.share, prime)
-            sent = await self.frames.send_shared(opened.share, event_id, opening)
+            lead = Lead((opened.capsule, unlocked_at, event_id, opened.share), prime)
+            sent = await self.frames.send_shared(opened.share, event_id, lead)
             if sent is None:
                 return True  # its own stream leads the class
             if sent:

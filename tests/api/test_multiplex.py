@@ -10,7 +10,10 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from resolvers.core.context import Context
 from schema import schema
@@ -18,7 +21,7 @@ from schema.multiplex import SHAREABLE, SHARED
 from schema.strawberry_internals import core_schema
 from store import keys
 from store.port import Update
-from tests.api.conftest import Api
+from tests.api.conftest import Api, running_api
 from tests.counting import CountingTable
 from tests.factories import family_with_members, settle, upload
 from tests.servers import until
@@ -583,3 +586,126 @@ async def test_moves_made_before_a_streams_first_read_are_not_reported_again(
         await api.ok(restore, {"id": content_id}, as_="ana")
         then = await asyncio.wait_for(events.__anext__(), 30)
         assert then.data["contentStatusChanged"]["status"] == "READY"
+
+
+@pytest.fixture(params=["sqlite", "dynamodb"])
+async def still_api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Api]:
+    """The default budget, refilling too slowly to see: what a turn charges stays charged."""
+    async with running_api(request.param, "local", tmp_path, request, cost_restore_rate=0.0001) as api:
+        yield api
+
+
+STATUS_DOC = "subscription($id: ID!) { contentStatusChanged(contentId: $id) { id status } }"
+
+
+async def status_streams(
+    api: Api, stack: contextlib.AsyncExitStack, content_id: str, sockets: Mapping[str, SocketSeen]
+) -> dict[str, asyncio.Future[Any]]:
+    """Each stream (named `user` or `user-n`) on its own socket, its first
+    event (the status now) taken, then waiting for the next."""
+    from schema import frames
+
+    pending: dict[str, asyncio.Future[Any]] = {}
+    for name, socket in sockets.items():
+        context = Context(services=api.services)
+        await context.authenticate(f"Bearer {api.token(name.split('-')[0])}")
+        result = await schema.subscribe(STATUS_DOC, variable_values={"id": content_id}, context_value=context)
+        assert hasattr(result, "__anext__"), result
+        stack.push_async_callback(result.aclose)
+        # The connection's handler sets the target in the task it starts for the operation.
+        token = frames.target.set(frames.Target(socket, f"op-{name}", "next"))
+        first = await asyncio.ensure_future(result.__anext__())
+        frames.target.reset(token)
+        assert first.data is not None and first.data["contentStatusChanged"]["status"] == "READY", first
+        pending[name] = asyncio.ensure_future(result.__anext__())
+    stack.push_async_callback(stopped, pending)
+    return pending
+
+
+async def available(api: Api, user: str) -> int:
+    """The points left in the person's bucket, once what is on its way has landed."""
+    budget = api.services.rates.budget
+    await budget.drain()
+    return (await budget.state(f"user:{user}", api.services.now())).remaining
+
+
+async def test_a_status_change_is_sent_in_one_turn_each_frame_charged_to_its_person(still_api: Api) -> None:
+    """The subscribers a status change wakes while they wait are taken in one
+    turn: each class is executed once, led from the turn, and every
+    subscriber's frame leaves from it, no stream woken; each person's budget
+    is charged each of their frames' actual cost (Ben's two streams, two)."""
+    api = still_api
+    family_id = await family_with_members(api, "ana", ["ben", "cy", "dee"])
+    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    names = ["ana", "ben", "ben-2", "cy", "dee"]
+    sockets = {name: SocketSeen() for name in names}
+    async with contextlib.AsyncExitStack() as stack:
+        pending = await status_streams(api, stack, content_id, sockets)
+        points = {user: await available(api, user) for user in ("ana", "ben", "cy", "dee")}
+        before = SHARED.executions
+        viewed = await api.post(VIEW, {"id": content_id}, as_="cy")
+        assert viewed["data"]["markContentViewed"]["status"] == "DELIVERED"
+        points["cy"] -= viewed["extensions"]["cost"]["actualQueryCost"]  # the mutation's own
+        await until(lambda: all(s.frames for s in sockets.values()), lambda: "a frame each", interval=0)
+        # Ana (ADMIN, the author) is a class of her own; Ben, Cy and Dee are one.
+        assert SHARED.executions - before == 2
+        assert not [name for name, task in pending.items() if task.done()]
+        for user in points:
+            frames = sum(1 for name in names if name.split("-")[0] == user)
+            # A frame of one object costs one point.
+            assert await available(api, user) == points[user] - frames, user
+    for name, socket in sockets.items():
+        [frame] = socket.frames
+        assert frame["id"] == f"op-{name}" and frame["type"] == "next"
+        assert frame["payload"] == {
+            "data": {"contentStatusChanged": {"id": content_id, "status": "DELIVERED"}}
+        }
+
+
+async def test_a_status_frame_the_budget_refuses_goes_back_to_its_stream_which_ends(still_api: Api) -> None:
+    """A person whose budget is spent is refused in the turn: their stream is
+    given the change back, is refused the ordinary way (RATE_LIMITED) and
+    ends; everyone else's frame leaves from the turn."""
+    api = still_api
+    family_id = await family_with_members(api, "ana", ["ben", "cy"])
+    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    sockets = {name: SocketSeen() for name in ("ana", "ben", "cy")}
+    async with contextlib.AsyncExitStack() as stack:
+        pending = await status_streams(api, stack, content_id, sockets)
+        budget = api.services.rates.budget
+        assert await budget.charge("user:ben", await available(api, "ben"), api.services.now()) is not None
+        await api.ok(VIEW, {"id": content_id}, as_="cy")
+        refused = await asyncio.wait_for(pending["ben"], 30)
+        assert refused.errors[0].extensions["code"] == "RATE_LIMITED", refused
+        await until(
+            lambda: sockets["ana"].frames and sockets["cy"].frames, "ana's and cy's frames", interval=0
+        )
+        assert not pending["ana"].done() and not pending["cy"].done()
+    assert sockets["ben"].frames == []
+
+
+async def test_a_status_change_not_decided_in_its_turn_is_decided_by_each_stream(api: Api) -> None:
+    """A subscriber who may no longer read the content (removed from the
+    family) is not sent the change from the turn: its own stream decides,
+    and sends nothing; the others' frames leave from the turn."""
+    family_id = await family_with_members(api, "ana", ["ben", "cy"])
+    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    sockets = {name: SocketSeen() for name in ("ana", "ben", "cy")}
+    async with contextlib.AsyncExitStack() as stack:
+        pending = await status_streams(api, stack, content_id, sockets)
+        remove = "mutation($f: ID!, $u: ID!) { removeMember(familyId: $f, userId: $u) }"
+        await api.ok(remove, {"f": family_id, "u": "cy"}, as_="ana")
+        await api.ok(VIEW, {"id": content_id}, as_="ben")
+        await until(
+            lambda: sockets["ana"].frames and sockets["ben"].frames, "ana's and ben's frames", interval=0
+        )
+        assert not pending["cy"].done()
+        # A second change reaches everyone still a reader: Cy's stream decided the first and waits again.
+        api.clock.advance(days=91)
+        assert await api.services.pipeline.archive_due(90) == 1  # -> ARCHIVED
+        await until(lambda: len(sockets["ben"].frames) == 2, "ben's second frame", interval=0)
+        assert not pending["cy"].done()
+    assert sockets["cy"].frames == []
