@@ -531,7 +531,9 @@ class _StatusChange:
                 async with _slot(ctx):
                     shared = await _content_reads(ctx, content_id, event_id)
             except Exception:
-                shared = None  # each stream reads for itself, and logs what failed
+                # Given back: each stream meets the failed read (shared, as
+                # it was for them all before the turn) the ordinary way.
+                shared = None
             while done < len(self.members):
                 part = self.members[done : done + STATUS_SLICE]
                 done += len(part)

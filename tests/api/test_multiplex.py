@@ -598,6 +598,14 @@ async def still_api(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIter
 STATUS_DOC = "subscription($id: ID!) { contentStatusChanged(contentId: $id) { id status } }"
 
 
+async def ready_note(api: Api, members: list[str]) -> tuple[str, str]:
+    """A family of Ana's with `members`, and a READY note of hers: the family's id and the note's."""
+    family_id = await family_with_members(api, "ana", members)
+    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
+    await settle(api)
+    return family_id, content_id
+
+
 async def status_streams(
     api: Api, stack: contextlib.AsyncExitStack, content_id: str, sockets: Mapping[str, SocketSeen]
 ) -> dict[str, asyncio.Future[Any]]:
@@ -635,9 +643,7 @@ async def test_a_status_change_is_sent_in_one_turn_each_frame_charged_to_its_per
     subscriber's frame leaves from it, no stream woken; each person's budget
     is charged each of their frames' actual cost (Ben's two streams, two)."""
     api = still_api
-    family_id = await family_with_members(api, "ana", ["ben", "cy", "dee"])
-    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
-    await settle(api)
+    _, content_id = await ready_note(api, ["ben", "cy", "dee"])
     names = ["ana", "ben", "ben-2", "cy", "dee"]
     sockets = {name: SocketSeen() for name in names}
     async with contextlib.AsyncExitStack() as stack:
@@ -668,9 +674,7 @@ async def test_a_status_frame_the_budget_refuses_goes_back_to_its_stream_which_e
     given the change back, is refused the ordinary way (RATE_LIMITED) and
     ends; everyone else's frame leaves from the turn."""
     api = still_api
-    family_id = await family_with_members(api, "ana", ["ben", "cy"])
-    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
-    await settle(api)
+    _, content_id = await ready_note(api, ["ben", "cy"])
     sockets = {name: SocketSeen() for name in ("ana", "ben", "cy")}
     async with contextlib.AsyncExitStack() as stack:
         pending = await status_streams(api, stack, content_id, sockets)
@@ -690,9 +694,7 @@ async def test_a_status_change_not_decided_in_its_turn_is_decided_by_each_stream
     """A subscriber who may no longer read the content (removed from the
     family) is not sent the change from the turn: its own stream decides,
     and sends nothing; the others' frames leave from the turn."""
-    family_id = await family_with_members(api, "ana", ["ben", "cy"])
-    content_id = await upload(api, "ana", family_id, "TEXT", b"hola", "text/plain")
-    await settle(api)
+    family_id, content_id = await ready_note(api, ["ben", "cy"])
     sockets = {name: SocketSeen() for name in ("ana", "ben", "cy")}
     async with contextlib.AsyncExitStack() as stack:
         pending = await status_streams(api, stack, content_id, sockets)
