@@ -188,6 +188,7 @@ async def content_status(
                         continue  # no longer theirs to see
                 moved = stream.moved(event, content, membership)
                 if moved is not None:
+                    stream.last = moved[0].status
                     yield moved
 
 
@@ -442,7 +443,8 @@ class _StatusReceiver:
 
     def moved(self, event: Event, content: Content, membership: Membership) -> tuple[Content, Share] | None:
         """The content as this stream reports the event, and its share; None
-        when the status it last reported stands.
+        when the status it last reported stands. `last` moves once the
+        report is made (yielded, or sent from a turn), not here.
 
         A move from the status last reported is reported as the event says,
         though the content may have moved on while it travelled, so that every
@@ -451,7 +453,6 @@ class _StatusReceiver:
         status = str(event["status"]) if event.get("was") == self.last else content.status
         if status == self.last:
             return None
-        self.last = status
         share = ("content", content.id, status, membership.role, self.viewer == content.author_id)
         return replace(content, status=status), share
 
@@ -471,7 +472,6 @@ class _StatusReceiver:
         ordinary way (a content no longer readable, a refused charge, a
         client not reading)."""
         given_back: Event | None = turn.event
-        last = self.last
         try:
             content = shared.record
             member = shared.members.get(self.viewer)
@@ -488,13 +488,12 @@ class _StatusReceiver:
             lead = Lead(moved, functools.partial(_primed_content, self.ctx, shared, self.viewer))
             if await self.frames.send_shared(moved[1], None, lead, self.charge):
                 given_back = None
+                self.last = moved[0].status
         except RateLimited:
             pass  # its stream is refused the ordinary way, and ends
         except Exception:
             log.exception("could not send a status change of content %s from its turn", self.content_id)
         finally:
-            if given_back is not None:
-                self.last = last  # its stream reports the move itself
             if self.turn is turn:
                 self.turn = None
                 inbox.release(given_back)
